@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv with everything the tests and the demo need, on a CPU machine.
+# torch 2.14.1 + torchvision 0.29.1 are what sglang 0.5.23's imports need; pip takes them from
+# the local wheel cache where the machine has one. sglang itself goes in with --no-deps: its full
+# dependency set is a GPU serving stack; requirements/sglang-cpu.txt lists the light packages its
+# attention code imports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+VENV=${VENV:-.venv}
+step() { printf '\n==> %s\n' "$*"; }
+[ -x "$VENV/bin/python" ] || { step "creating $VENV with $PY"; "$PY" -m venv "$VENV"; }
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+step "torch 2.14.1 + torchvision 0.29.1"
+"${pip[@]}" torch==2.14.1 torchvision==0.29.1
+step "sglang 0.5.23 (--no-deps) and the light packages its attention code imports"
+"${pip[@]}" --no-deps sglang==0.5.23
+"${pip[@]}" -r requirements/sglang-cpu.txt
+step "development tools"
+"${pip[@]}" -r requirements/dev.txt
+step "kdtree packages (editable)"
+"${pip[@]}" --no-deps --no-build-isolation -e kernel -e services/inference -e services/parity
+touch "$VENV/.setup-done"
+step "done: $("$VENV/bin/python" -c 'import torch, sglang; print("torch", torch.__version__, "sglang", sglang.__version__)')"
