@@ -1,0 +1,218 @@
+"""``kdtree::verify_attention``: the one front door, registered as a torch.library custom op.
+
+Implementations:
+- CPU: the kernel's algorithm written in torch (``split_kv_verify_cpu``), the executable
+  specification of the kernel's numerics;
+- CUDA: the compiled kernel (``kdtree_verify.cuda``);
+- fake: shapes only, for torch.compile and meta tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .reference import draft_visibility
+from .validation import validate_verify_inputs
+
+DEFAULT_CHUNK_SIZE = 256
+"""Prefix tokens per split in the CPU specification (the kernel plans its own split size)."""
+
+
+def merge_partials(
+    outs: list[torch.Tensor], lses: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge normalised partial attention states by log-sum-exp (FlashInfer's merge_state).
+
+    Each partial is (o_i [.., D], lse_i [..]) with o_i normalised over its own keys. A partial
+    that saw no keys has lse_i = -inf and contributes nothing; if every partial is empty the
+    result is o = 0, lse = -inf.
+    """
+    lse_stack = torch.stack(lses)  # [P, ...]
+    lse = torch.logsumexp(lse_stack, dim=0)
+    finite = torch.isfinite(lse)
+    weights = torch.where(finite, torch.exp(lse_stack - lse.where(finite, 0.0)), 0.0)
+    out = (weights[..., None] * torch.stack(outs)).sum(dim=0)
+    return out, lse
+
+
+def _partial_attention(
+    queries: torch.Tensor,  # [N, H, 576] float32
+    keys: torch.Tensor,  # [K, 576] float32
+    values: torch.Tensor,  # [K, 512] float32
+    visible: torch.Tensor | None,  # [N, K] bool, None = all visible
+    sm_scale: float,
+    p_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split's normalised output and lse, with the kernel's rounding of P before P @ V."""
+    scores = torch.einsum("nhd,kd->nhk", queries, keys) * sm_scale
+    if visible is not None:
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = row_max.where(torch.isfinite(row_max), 0.0)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1)
+    # The kernel feeds P to the tensor cores in the input dtype; model that rounding here.
+    p = p.to(p_dtype).float()
+    out = torch.einsum("nhk,kd->nhd", p, values) / row_sum.clamp_min(1e-30)[..., None]
+    lse = torch.log(row_sum) + row_max[..., 0]
+    return out, lse
+
+
+def split_kv_verify_cpu(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge."""
+    total_tokens, num_heads, _ = q.shape
+    out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
+    lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    mask_starts = mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
+    for b in range(len(qo) - 1):
+        q_lo, q_hi = qo[b], qo[b + 1]
+        num_draft = q_hi - q_lo
+        if num_draft == 0:
+            continue
+        queries = q[q_lo:q_hi].float()
+        prefix = kv_indices[kv[b] : kv[b + 1]].long()
+        partial_outs, partial_lses = [], []
+        for start in range(0, prefix.shape[0], chunk_size):
+            rows = prefix[start : start + chunk_size]
+            o_i, lse_i = _partial_attention(
+                queries,
+                k_buffer[rows, 0].float(),
+                v_buffer[rows, 0].float(),
+                None,
+                sm_scale,
+                q.dtype,
+            )
+            partial_outs.append(o_i)
+            partial_lses.append(lse_i)
+        visible = draft_visibility(custom_mask, mask_starts[b], num_draft, prefix.shape[0])
+        o_i, lse_i = _partial_attention(
+            queries, k_extend[q_lo:q_hi, 0].float(), v_extend[q_lo:q_hi, 0].float(), visible,
+            sm_scale, q.dtype,
+        )  # fmt: skip
+        partial_outs.append(o_i)
+        partial_lses.append(lse_i)
+        out[q_lo:q_hi], lse[q_lo:q_hi] = merge_partials(partial_outs, partial_lses)
+    return out.to(q.dtype), lse
+
+
+@torch.library.custom_op("kdtree::verify_attention", mutates_args=())
+def _verify_attention_op(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    raise NotImplementedError(
+        f"kdtree::verify_attention has no implementation for device {q.device.type!r} "
+        "(supported: cpu, cuda)"
+    )
+
+
+@_verify_attention_op.register_kernel("cpu")
+def _verify_attention_cpu(
+    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+    custom_mask, mask_indptr, sm_scale, chunk_size,
+):  # fmt: skip
+    return split_kv_verify_cpu(
+        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask, mask_indptr, sm_scale, chunk_size,
+    )  # fmt: skip
+
+
+@_verify_attention_op.register_kernel("cuda")
+def _verify_attention_cuda(
+    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+    custom_mask, mask_indptr, sm_scale, chunk_size,
+):  # fmt: skip
+    from . import cuda as cuda_impl
+
+    run = getattr(cuda_impl, "verify_attention_cuda", None)
+    if run is None:
+        raise RuntimeError(
+            "kdtree_verify: the CUDA kernel is not available in this build "
+            "(kdtree_verify.cuda.verify_attention_cuda is missing); build it with `make kernel`"
+        )
+    out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    run(
+        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask, mask_indptr, sm_scale, causal=custom_mask is None, out=out, lse=lse,
+    )  # fmt: skip
+    return out, lse
+
+
+@_verify_attention_op.register_fake
+def _verify_attention_fake(
+    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+    custom_mask, mask_indptr, sm_scale, chunk_size,
+):  # fmt: skip
+    out = q.new_empty(*q.shape[:2], v_buffer.shape[-1])
+    lse = q.new_empty(q.shape[:2], dtype=torch.float32)
+    return out, lse
+
+
+def verify_attention(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    *,
+    return_lse: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    check_values: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """MLA tree-verify attention in SGLang's target-verify layout (see README, "The verify op").
+
+    Returns out [T_total, H, 512] in q's dtype, and with ``return_lse`` the natural-log LSE
+    [T_total, H] float32. ``check_values`` adds the validation that reads tensor contents (a host
+    sync on GPU; never use it under CUDA-graph capture). ``chunk_size`` is the prefix split size
+    of the CPU implementation.
+    """
+    validate_verify_inputs(
+        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask, mask_indptr, sm_scale, check_values=check_values,
+    )  # fmt: skip
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
+    out, lse = torch.ops.kdtree.verify_attention(
+        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask, mask_indptr, float(sm_scale), int(chunk_size),
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+def deepseek_v3_sm_scale(rope_scaling_factor: float = 40.0, mscale_all_dim: float = 1.0) -> float:
+    """DeepSeek-V3's softmax scale: 192^-0.5 x mscale^2 (0.135234 for the released config)."""
+    mscale = 0.1 * mscale_all_dim * math.log(rope_scaling_factor) + 1.0
+    return 192**-0.5 * mscale * mscale

@@ -1,0 +1,165 @@
+"""Synthetic target-verify inputs in SGLang's exact layout, shared by tests and benchmarks.
+
+A case is a batch of requests with (possibly ragged) committed prefixes scattered over a paged KV
+pool (fragmented slots), N draft tokens per request whose KV sits in ``k_extend``/``v_extend`` and
+also in the pool at their ``out_cache_loc`` slots (SGLang writes them there before attention), and
+the draft tree as SGLang's flat ``custom_mask`` (or ``None`` for a causal draft block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .op import deepseek_v3_sm_scale
+from .validation import QK_DIM, V_DIM
+
+MaskKind = Literal["tree", "chain", "causal"]
+
+
+def random_tree_parents(num_nodes: int, generator: torch.Generator) -> list[int]:
+    """A random draft tree in topological order: parent[0] = -1, parent[i] < i."""
+    parents = [-1]
+    for i in range(1, num_nodes):
+        parents.append(int(torch.randint(0, i, (1,), generator=generator)))
+    return parents
+
+
+def chain_parents(num_nodes: int) -> list[int]:
+    """A chain draft (EAGLE topk=1): each token's parent is the one before it."""
+    return [i - 1 for i in range(num_nodes)]
+
+
+def tree_visibility(parents: Sequence[int]) -> torch.Tensor:
+    """[N, N] bool: row i sees itself and its ancestors (SGLang's tree mask)."""
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            visible[i, j] = True
+            j = parents[j]
+    return visible
+
+
+def flat_custom_mask(
+    prefix_lens: Sequence[int], visibilities: Sequence[torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's flat mask (per request N rows x (prefix + N) cols, prefix visible) and mask_indptr."""
+    blocks, indptr = [], [0]
+    for prefix_len, visible in zip(prefix_lens, visibilities, strict=True):
+        n = visible.shape[0]
+        block = torch.ones(n, prefix_len + n, dtype=torch.bool)
+        block[:, prefix_len:] = visible
+        blocks.append(block.flatten())
+        indptr.append(indptr[-1] + block.numel())
+    mask = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.bool)
+    return mask.to(dtype), torch.tensor(indptr, dtype=torch.int64)
+
+
+@dataclass
+class VerifyCase:
+    """Arguments of the verify op plus the facts they were generated from."""
+
+    q: torch.Tensor
+    k_extend: torch.Tensor
+    v_extend: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    custom_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    sm_scale: float
+    out_cache_loc: torch.Tensor
+    prefix_lens: list[int]
+    num_draft: int
+    mask_kind: MaskKind
+
+    def args(self) -> tuple:
+        """Positional arguments for ``verify_attention`` / ``verify_attention_reference``."""
+        return (
+            self.q, self.k_extend, self.v_extend, self.k_buffer, self.v_buffer, self.qo_indptr,
+            self.kv_indptr, self.kv_indices, self.custom_mask, self.mask_indptr, self.sm_scale,
+        )  # fmt: skip
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.prefix_lens) + self.num_draft
+
+
+def make_case(
+    prefix_lens: Sequence[int],
+    num_draft: int,
+    num_heads: int,
+    *,
+    mask: MaskKind = "tree",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    index_dtype: torch.dtype = torch.int64,
+    mask_dtype: torch.dtype = torch.uint8,
+    strided_v: bool = True,
+    pool_slack: int = 7,
+    sm_scale: float | None = None,
+) -> VerifyCase:
+    """Build a target-verify case; slots are a random permutation of the pool (fragmented)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch_size = len(prefix_lens)
+    total_prefix, total_draft = sum(prefix_lens), batch_size * num_draft
+    pool_size = total_prefix + total_draft + pool_slack
+
+    slots = torch.randperm(pool_size, generator=gen)
+    kv_indices = slots[:total_prefix]
+    out_cache_loc = slots[total_prefix : total_prefix + total_draft]
+
+    k_buffer = torch.randn(pool_size, 1, QK_DIM, generator=gen)
+    q = torch.randn(total_draft, num_heads, QK_DIM, generator=gen)
+    k_extend = torch.randn(total_draft, 1, QK_DIM, generator=gen)
+    k_buffer[out_cache_loc] = k_extend  # SGLang saves the draft KV before attention
+    v_buffer_full = None if strided_v else k_buffer[..., :V_DIM].clone()
+
+    qo_indptr = torch.arange(batch_size + 1, dtype=torch.int64) * num_draft
+    kv_indptr = torch.tensor(
+        [0, *torch.tensor(list(prefix_lens)).cumsum(0).tolist()], dtype=torch.int64
+    )
+
+    if mask == "causal":
+        custom_mask, mask_indptr = None, None
+    else:
+        make_parents = chain_parents if mask == "chain" else lambda n: random_tree_parents(n, gen)
+        visibilities = [tree_visibility(make_parents(num_draft)) for _ in range(batch_size)]
+        custom_mask, mask_indptr = flat_custom_mask(prefix_lens, visibilities, mask_dtype)
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype)
+
+    k_buffer = put(k_buffer)
+    k_extend = put(k_extend)
+    if v_buffer_full is None:
+        v_buffer = k_buffer[..., :V_DIM]
+        v_extend = k_extend[..., :V_DIM]
+    else:
+        v_buffer = put(v_buffer_full)
+        v_extend = k_extend[..., :V_DIM].contiguous()
+    return VerifyCase(
+        q=put(q),
+        k_extend=k_extend,
+        v_extend=v_extend,
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        qo_indptr=qo_indptr.to(device),
+        kv_indptr=kv_indptr.to(device=device, dtype=index_dtype),
+        kv_indices=kv_indices.to(device=device, dtype=index_dtype),
+        custom_mask=None if custom_mask is None else custom_mask.to(device),
+        mask_indptr=None if mask_indptr is None else mask_indptr.to(device),
+        sm_scale=deepseek_v3_sm_scale() if sm_scale is None else sm_scale,
+        out_cache_loc=out_cache_loc.to(device),
+        prefix_lens=list(prefix_lens),
+        num_draft=num_draft,
+        mask_kind=mask,
+    )

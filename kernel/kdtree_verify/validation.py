@@ -1,0 +1,212 @@
+"""Input validation for the verify op.
+
+Every check here is on shapes, dtypes, devices and strides (metadata the host already has), so it
+costs no host-device synchronisation and can run inside CUDA-graph capture. Checks that must read
+tensor *values* (indptr monotonicity, mask length against mask_indptr, kv_indices bounds) sync the
+host; they run only when asked (``check_values=True``) or on CPU tensors, where they are free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+QK_DIM = 576  # 512 latent (the value) + 64 rope
+V_DIM = 512
+INDEX_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class VerifyInputError(ValueError):
+    """An argument of the verify op is malformed; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class VerifyShape:
+    """Static facts about a validated call (read from shapes only, never from tensor values)."""
+
+    batch_size: int
+    total_tokens: int
+    num_heads: int
+    pool_size: int
+
+
+def _fail(argument: str, why: str) -> None:
+    raise VerifyInputError(f"{argument}: {why}")
+
+
+def _check_rank(t: torch.Tensor, name: str, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        _fail(name, f"expected {rank} dims {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
+    if t.stride(-1) != 1:
+        _fail(name, f"the last dimension must be contiguous (stride 1), got strides {t.stride()}")
+
+
+def validate_verify_inputs(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    *,
+    check_values: bool = False,
+) -> VerifyShape:
+    """Raise :class:`VerifyInputError` naming the first malformed argument.
+
+    ``check_values`` adds the checks that read tensor contents (a host sync on GPU tensors):
+    indptr arrays start at 0 and never decrease, qo/kv/mask extents match the tensors they index,
+    and every kv index lies inside the pool. On CPU tensors these checks always run.
+    """
+    _check_rank(q, "q", 3, "[T_total, H, 576]")
+    total_tokens, num_heads, qk_dim = q.shape
+    if qk_dim != QK_DIM:
+        _fail("q", f"last dim must be {QK_DIM} (512 latent + 64 rope), got {qk_dim}")
+    if num_heads < 1:
+        _fail("q", "needs at least one head")
+    if q.dtype not in FLOAT_DTYPES:
+        _fail("q", f"dtype must be one of float32/bfloat16/float16, got {q.dtype}")
+    _check_last_dim_contiguous(q, "q")
+    device = q.device
+
+    for name, t, dim in (
+        ("k_extend", k_extend, QK_DIM),
+        ("v_extend", v_extend, V_DIM),
+    ):
+        _check_rank(t, name, 3, f"[T_total, 1, {dim}]")
+        if t.shape != (total_tokens, 1, dim):
+            _fail(name, f"expected shape {(total_tokens, 1, dim)} to match q, got {tuple(t.shape)}")
+    for name, t, dim in (
+        ("k_buffer", k_buffer, QK_DIM),
+        ("v_buffer", v_buffer, V_DIM),
+    ):
+        _check_rank(t, name, 3, f"[pool, 1, {dim}]")
+        if t.shape[1:] != (1, dim):
+            _fail(
+                name, f"expected shape [pool, 1, {dim}] (one latent KV head), got {tuple(t.shape)}"
+            )
+    if v_buffer.shape[0] != k_buffer.shape[0]:
+        _fail(
+            "v_buffer", f"pool size {v_buffer.shape[0]} differs from k_buffer's {k_buffer.shape[0]}"
+        )
+    for name, t in (
+        ("k_extend", k_extend),
+        ("v_extend", v_extend),
+        ("k_buffer", k_buffer),
+        ("v_buffer", v_buffer),
+    ):
+        if t.dtype != q.dtype:
+            _fail(name, f"dtype {t.dtype} differs from q's {q.dtype} (fp8 KV is not supported)")
+        if t.device != device:
+            _fail(name, f"is on {t.device} but q is on {device}")
+        _check_last_dim_contiguous(t, name)
+
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        _check_rank(t, name, 1, "[B + 1]")
+        if t.dtype not in INDEX_DTYPES:
+            _fail(name, f"dtype must be int32 or int64, got {t.dtype}")
+        if t.device != device:
+            _fail(name, f"is on {t.device} but q is on {device}")
+    batch_size = qo_indptr.shape[0] - 1
+    if batch_size < 1:
+        _fail("qo_indptr", "needs at least 2 entries (one request)")
+    if kv_indptr.shape[0] != batch_size + 1:
+        _fail("kv_indptr", f"has {kv_indptr.shape[0]} entries, qo_indptr has {batch_size + 1}")
+    _check_rank(kv_indices, "kv_indices", 1, "[total prefix tokens]")
+    if kv_indices.dtype not in INDEX_DTYPES:
+        _fail("kv_indices", f"dtype must be int32 or int64, got {kv_indices.dtype}")
+    if kv_indices.device != device:
+        _fail("kv_indices", f"is on {kv_indices.device} but q is on {device}")
+
+    if custom_mask is not None:
+        _check_rank(custom_mask, "custom_mask", 1, "(flat, per request N x (prefix + N))")
+        if custom_mask.dtype not in MASK_DTYPES:
+            _fail("custom_mask", f"dtype must be bool or uint8, got {custom_mask.dtype}")
+        if custom_mask.device != device:
+            _fail("custom_mask", f"is on {custom_mask.device} but q is on {device}")
+        if mask_indptr is None:
+            _fail("mask_indptr", "is required when custom_mask is given")
+        _check_rank(mask_indptr, "mask_indptr", 1, "[B + 1]")
+        if mask_indptr.dtype not in INDEX_DTYPES:
+            _fail("mask_indptr", f"dtype must be int32 or int64, got {mask_indptr.dtype}")
+        if mask_indptr.shape[0] != batch_size + 1:
+            _fail("mask_indptr", f"has {mask_indptr.shape[0]} entries, expected {batch_size + 1}")
+        if mask_indptr.device != device:
+            _fail("mask_indptr", f"is on {mask_indptr.device} but q is on {device}")
+
+    if not (isinstance(sm_scale, float | int) and sm_scale > 0):
+        _fail("sm_scale", f"must be a positive number, got {sm_scale!r}")
+
+    if check_values or device.type == "cpu":
+        _check_values(
+            total_tokens,
+            k_buffer.shape[0],
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            custom_mask,
+            mask_indptr,
+        )
+    return VerifyShape(batch_size, total_tokens, num_heads, k_buffer.shape[0])
+
+
+def _check_indptr(name: str, indptr: torch.Tensor, end: int, end_what: str) -> list[int]:
+    values = indptr.tolist()
+    if values[0] != 0:
+        _fail(name, f"must start at 0, got {values[0]}")
+    for i in range(len(values) - 1):
+        if values[i + 1] < values[i]:
+            _fail(
+                name,
+                f"must be non-decreasing, but entry {i + 1} ({values[i + 1]}) < entry {i} ({values[i]})",
+            )
+    if values[-1] != end:
+        _fail(name, f"last entry is {values[-1]} but {end_what} is {end}")
+    return values
+
+
+def _check_values(
+    total_tokens: int,
+    pool_size: int,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+) -> None:
+    qo = _check_indptr("qo_indptr", qo_indptr, total_tokens, "q's token count")
+    kv = _check_indptr("kv_indptr", kv_indptr, kv_indices.shape[0], "len(kv_indices)")
+    if kv_indices.numel():
+        lo, hi = int(kv_indices.min()), int(kv_indices.max())
+        if lo < 0 or hi >= pool_size:
+            _fail("kv_indices", f"values must lie in [0, {pool_size}), found range [{lo}, {hi}]")
+    if custom_mask is None:
+        return
+    assert mask_indptr is not None
+    expected = [0]
+    for b in range(len(qo) - 1):
+        n, prefix = qo[b + 1] - qo[b], kv[b + 1] - kv[b]
+        expected.append(expected[-1] + n * (prefix + n))
+    actual = mask_indptr.tolist()
+    if actual != expected:
+        first = next(i for i, (a, e) in enumerate(zip(actual, expected, strict=True)) if a != e)
+        _fail(
+            "mask_indptr",
+            f"entry {first} is {actual[first]}, expected {expected[first]} "
+            "(cumsum of N x (prefix_len + N) per request)",
+        )
+    if custom_mask.shape[0] < expected[-1]:
+        _fail(
+            "custom_mask",
+            f"has {custom_mask.shape[0]} elements but mask_indptr needs {expected[-1]}",
+        )
