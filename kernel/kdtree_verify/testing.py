@@ -163,3 +163,38 @@ def make_case(
         num_draft=num_draft,
         mask_kind=mask,
     )
+
+
+def sglang_extend_attention(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    *,
+    max_draft_tokens: int | None = None,
+) -> torch.Tensor:
+    """SGLang 0.5.23's own ``extend_attention_fwd`` called as its Triton backend calls it on target
+    verify (is_causal=True, unit KV scales, prefix custom-mask columns skipped).
+
+    On a CPU machine this needs ``TRITON_INTERPRET=1`` set before sglang is first imported, and
+    float32 tensors (bf16 is not reliable in the interpreter). ``max_draft_tokens`` is SGLang's
+    ``max_extend_len``; computed from qo_indptr (a host sync) when not given.
+    """
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    if max_draft_tokens is None:
+        max_draft_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max())
+    out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    extend_attention_fwd(
+        q, k_extend.contiguous(), v_extend.contiguous(), out, k_buffer, v_buffer,
+        qo_indptr, kv_indptr, kv_indices, custom_mask, True, mask_indptr,
+        max_draft_tokens, 1.0, 1.0, sm_scale=sm_scale,
+    )  # fmt: skip
+    return out

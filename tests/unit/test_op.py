@@ -1,0 +1,63 @@
+"""The custom op: registration, fake implementation, and the CPU specification's numerics."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kdtree_verify import merge_partials, verify_attention, verify_attention_reference
+from kdtree_verify.testing import make_case
+
+
+def test_op_is_registered_and_passes_torch_opcheck():
+    case = make_case([0, 9, 40], 4, 3, seed=1)
+    args = (*case.args(), 16)
+    torch.library.opcheck(torch.ops.kdtree.verify_attention.default, args)
+
+
+def test_fake_implementation_gives_shapes_without_computing():
+    case = make_case([3, 5], 4, 7, dtype=torch.bfloat16, seed=1)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in case.args()]
+        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256)
+    assert out.shape == (8, 7, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (8, 7) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 4096])
+def test_cpu_op_equals_reference_in_float32_for_any_chunking(chunk_size):
+    case = make_case([0, 1, 63, 64, 65, 130], 5, 4, mask="tree", seed=4)
+    ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    out, lse = verify_attention(*case.args(), return_lse=True, chunk_size=chunk_size)
+    torch.testing.assert_close(out, ref, atol=3e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=3e-6, rtol=1e-6)
+
+
+def test_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
+    """With bf16 inputs the op rounds P to bf16 before P @ V (as the kernel's tensor cores do) and
+    rounds the output to bf16: each costs at most ~2^-8 relative, so the output stays within a few
+    bf16 ulps of the float32 reference on the same inputs."""
+    case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5)
+    ref = verify_attention_reference(*case.args()).float()
+    out = verify_attention(*case.args(), chunk_size=64).float()
+    scale = ref.abs().amax(dim=-1, keepdim=True)
+    assert ((out - ref).abs() / scale).max() < 2 * 2**-8
+
+
+def test_merge_of_partials_ignores_empty_ones_and_is_order_free():
+    torch.manual_seed(0)
+    outs = [torch.randn(3, 2, 4) for _ in range(3)]
+    lses = [torch.randn(3, 2), torch.full((3, 2), float("-inf")), torch.randn(3, 2)]
+    out, lse = merge_partials(outs, lses)
+    expected_lse = torch.logaddexp(lses[0], lses[2])
+    w0, w2 = torch.exp(lses[0] - expected_lse), torch.exp(lses[2] - expected_lse)
+    torch.testing.assert_close(lse, expected_lse)
+    torch.testing.assert_close(out, w0[..., None] * outs[0] + w2[..., None] * outs[2])
+    out_rev, lse_rev = merge_partials(outs[::-1], lses[::-1])
+    torch.testing.assert_close(out_rev, out)
+    torch.testing.assert_close(lse_rev, lse)
+
+
+def test_merge_of_only_empty_partials_is_zero_not_nan():
+    out, lse = merge_partials([torch.ones(2, 4)] * 2, [torch.full((2,), float("-inf"))] * 2)
+    assert torch.equal(out, torch.zeros(2, 4))
+    assert torch.isneginf(lse).all()

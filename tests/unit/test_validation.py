@@ -1,0 +1,100 @@
+"""Every validation error of the verify op, by message."""
+
+import re
+
+import pytest
+import torch
+
+from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
+from kdtree_verify.testing import make_case
+
+
+def _args(**overrides):
+    case = make_case([4, 0, 6], 3, 2, mask="tree", seed=0)
+    names = [
+        "q", "k_extend", "v_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
+        "kv_indices", "custom_mask", "mask_indptr", "sm_scale",
+    ]  # fmt: skip
+    args = dict(zip(names, case.args(), strict=True))
+    args.update(overrides)
+    return args, case
+
+
+def _t(**kw):
+    return kw
+
+
+BAD_INPUTS = [
+    # (overrides built from the case, expected message)
+    (lambda c: _t(q=c.q[..., :512]), r"q: last dim must be 576"),
+    (lambda c: _t(q=c.q[0]), r"q: expected 3 dims"),
+    (lambda c: _t(q=c.q.to(torch.int32)), r"q: dtype must be one of"),
+    (lambda c: _t(k_extend=c.k_extend[:-1]), r"k_extend: expected shape \(9, 1, 576\) to match q, got \(8, 1, 576\)"),
+    (lambda c: _t(v_extend=c.v_extend[..., :256]), r"v_extend: expected shape \(9, 1, 512\)"),
+    (lambda c: _t(k_buffer=c.k_buffer.expand(-1, 2, -1)), r"k_buffer: expected shape \[pool, 1, 576\]"),
+    (lambda c: _t(v_buffer=c.v_buffer[:-1]), r"v_buffer: pool size \d+ differs from k_buffer's"),
+    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float16)), r"k_buffer: dtype torch.float16 differs from q's"),
+    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn)), r"fp8 KV is not supported"),
+    (lambda c: _t(k_extend=torch.randn(1, 576, 9).permute(2, 0, 1)), r"k_extend: the last dimension must be contiguous"),
+    (lambda c: _t(qo_indptr=c.qo_indptr.float()), r"qo_indptr: dtype must be int32 or int64"),
+    (lambda c: _t(qo_indptr=c.qo_indptr[:1]), r"qo_indptr: needs at least 2 entries"),
+    (lambda c: _t(kv_indptr=c.kv_indptr[:-1]), r"kv_indptr: has 3 entries, qo_indptr has 4"),
+    (lambda c: _t(kv_indices=c.kv_indices.view(2, -1)), r"kv_indices: expected 1 dims"),
+    (lambda c: _t(kv_indices=c.kv_indices.to(torch.int16)), r"kv_indices: dtype must be int32 or int64"),
+    (lambda c: _t(custom_mask=c.custom_mask.float()), r"custom_mask: dtype must be bool or uint8"),
+    (lambda c: _t(custom_mask=c.custom_mask.view(1, -1)), r"custom_mask: expected 1 dims"),
+    (lambda c: _t(mask_indptr=None), r"mask_indptr: is required when custom_mask is given"),
+    (lambda c: _t(mask_indptr=c.mask_indptr[:-1]), r"mask_indptr: has 3 entries, expected 4"),
+    (lambda c: _t(mask_indptr=c.mask_indptr.float()), r"mask_indptr: dtype must be int32 or int64"),
+    (lambda c: _t(sm_scale=0.0), r"sm_scale: must be a positive number"),
+    (lambda c: _t(sm_scale="0.1"), r"sm_scale: must be a positive number"),
+    # value checks (run on CPU tensors, or on GPU when check_values=True)
+    (lambda c: _t(qo_indptr=c.qo_indptr + 1), r"qo_indptr: must start at 0, got 1"),
+    (lambda c: _t(qo_indptr=torch.tensor([0, 3, 2, 9])), r"qo_indptr: must be non-decreasing, but entry 2 \(2\) < entry 1 \(3\)"),
+    (lambda c: _t(qo_indptr=torch.tensor([0, 3, 6, 8])), r"qo_indptr: last entry is 8 but q's token count is 9"),
+    (lambda c: _t(kv_indptr=torch.tensor([0, 4, 4, 5])), r"kv_indptr: last entry is 5 but len\(kv_indices\) is 10"),
+    (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(10_000)), r"kv_indices: values must lie in \[0, \d+\), found range \[10000, 10000\]"),
+    (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(-1)), r"kv_indices: values must lie in"),
+    (lambda c: _t(mask_indptr=c.mask_indptr * 2), r"mask_indptr: entry 1 is 42, expected 21 \(cumsum of N x \(prefix_len \+ N\) per request\)"),
+    (lambda c: _t(custom_mask=c.custom_mask[:-1]), r"custom_mask: has \d+ elements but mask_indptr needs \d+"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("build, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "entry", [verify_attention, verify_attention_reference], ids=["op", "reference"]
+)
+def test_bad_input_is_refused_with_a_message_naming_it(entry, build, message):
+    _, case = _args()
+    args, _ = _args(**build(case))
+    with pytest.raises(VerifyInputError, match=message):
+        entry(**args)
+
+
+def test_device_mismatch_is_named():
+    _, case = _args()
+    meta_mask = case.custom_mask.to("meta")
+    args, _ = _args(custom_mask=meta_mask)
+    with pytest.raises(
+        VerifyInputError, match=re.escape("custom_mask: is on meta but q is on cpu")
+    ):
+        verify_attention(**args)
+
+
+def test_error_is_a_value_error_so_callers_can_fall_back():
+    assert issubclass(VerifyInputError, ValueError)
+
+
+def test_a_larger_mask_buffer_than_needed_is_accepted():
+    """SGLang's graph path passes a static mask buffer longer than this batch needs."""
+    args, case = _args()
+    args["custom_mask"] = torch.cat(
+        [case.custom_mask, torch.zeros(100, dtype=case.custom_mask.dtype)]
+    )
+    torch.testing.assert_close(verify_attention(**args), verify_attention(*case.args()))
+
+
+def test_chunk_size_must_be_positive():
+    _, case = _args()
+    with pytest.raises(ValueError, match="chunk_size: must be >= 1"):
+        verify_attention(*case.args(), chunk_size=0)
