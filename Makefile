@@ -19,3 +19,32 @@ lint: setup
 ## test: lint, then every CPU test (GPU tests in tests/gpu skip without CUDA)
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ---- containers and promotion (README "Containers and promotion"). Docker with the compose
+# plugin and the NVIDIA Container Toolkit on a GPU host; promotion logic is stdlib-only Python.
+COMPOSE ?= docker compose
+PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
+PROMOTE_ARGS ?=
+
+.PHONY: up down serve promote rollback
+
+## up: build and start the gate in Docker: baseline (KDTREE_VERIFY=off), candidate (on), parity run
+up:
+	$(COMPOSE) up --build --detach
+	@echo "gate running: 'docker compose logs -f parity'; report in $${KDTREE_REPORTS_DIR:-./reports}/latest"
+
+## down: stop and remove every kdtree container (gate, serve and demo profiles)
+down:
+	$(COMPOSE) --profile gate --profile serve --profile demo down --remove-orphans
+
+## serve: one production SGLang server in Docker (KDTREE_VERIFY=on) on port $${KDTREE_PORT:-30000}
+serve:
+	$(COMPOSE) --profile serve up --build --detach
+
+## promote: build the candidate (tag = git revision), gate it, tag `stable` and record only on a pass
+promote:
+	$(PROMOTE) promote $(PROMOTE_ARGS)
+
+## rollback: point `stable` back at the previously promoted digest (from promotions/) and record it
+rollback:
+	$(PROMOTE) rollback $(PROMOTE_ARGS)

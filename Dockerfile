@@ -1,0 +1,135 @@
+# syntax=docker/dockerfile:1.7
+# kdtree images. Targets (docker build --target NAME):
+#   inference  SGLang 0.5.23 + its torch + the kdtree-verify kernel wheel + kdtree_inference;
+#              entrypoint kdtree-serve (SGLang's arguments pass through; KDTREE_VERIFY picks the path)
+#   parity     the parity sidecar alone (no torch): entrypoint kdtree-parity
+#   demo       the CPU reference engine (tiny MLA model, no GPU): entrypoint kdtree-engine
+# The kernel is built by exactly the command CI and developers use: `make kernel`.
+#
+# CUDA 13.0: sglang 0.5.23 pins torch==2.14.1, whose PyPI wheels are cu130 builds (and
+# flashinfer_python[cu13], cuda-python>=13). The kernel must be compiled by the same CUDA major as
+# the torch it links against; 13.0 also knows sm_120 (needs >= 12.8).
+ARG CUDA_VERSION=13.0.2
+ARG UBUNTU_VERSION=24.04
+ARG PYTHON_SLIM_IMAGE=python:3.12-slim-bookworm
+ARG SGLANG_VERSION=0.5.23
+ARG TORCH_VERSION=2.14.1
+
+# ---------------------------------------------------------------------------------------------
+# Python 3.12 on the CUDA devel base. The runtime keeps the devel base on purpose: SGLang
+# JIT-compiles some kernels (flashinfer, deep_gemm) on first use and needs nvcc and the headers.
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-python
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH}
+# Ubuntu's own security updates decide these versions; pinning them would break every rebuild.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev build-essential make git ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv "${VIRTUAL_ENV}"
+
+# ---------------------------------------------------------------------------------------------
+# The kdtree-verify wheel with the CUDA extension for KDTREE_CUDA_ARCHS (";"-separated sm numbers).
+FROM cuda-python AS kernel-build
+ARG TORCH_VERSION
+ARG KDTREE_CUDA_ARCHS="80;90;120"
+ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
+    VENV=/opt/venv \
+    MAX_JOBS=8
+RUN pip install "torch==${TORCH_VERSION}" "setuptools==80.9.0" "wheel==0.45.1" \
+        "pybind11==3.1.0" "ninja==1.13.2"
+WORKDIR /src
+COPY Makefile pyproject.toml ./
+COPY scripts/ scripts/
+COPY requirements/ requirements/
+COPY kernel/ kernel/
+# make's prerequisite check for `setup` is satisfied by this venv: the dev tools are not needed here.
+RUN touch "${VENV}/.setup-done" \
+    && make kernel \
+    && pip wheel --no-deps --no-build-isolation --wheel-dir /wheels ./kernel
+
+# ---------------------------------------------------------------------------------------------
+FROM cuda-python AS inference
+ARG SGLANG_VERSION
+ARG TORCH_VERSION
+ARG KDTREE_CUDA_ARCHS="80;90;120"
+ARG CUDA_VERSION
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
+      org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.kdtree.sglang.version="${SGLANG_VERSION}" \
+      io.kdtree.torch.version="${TORCH_VERSION}" \
+      io.kdtree.cuda.version="${CUDA_VERSION}" \
+      io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
+RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}"
+COPY --from=kernel-build /wheels/ /wheels/
+COPY services/inference/ /src/services/inference/
+RUN pip install /wheels/*.whl /src/services/inference \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
+USER 10001
+WORKDIR /home/kdtree
+# KDTREE_VERIFY: off (stock SGLang), validate (both, serve SGLang's), on (serve the kernel).
+ENV KDTREE_VERIFY=on \
+    KDTREE_HEALTH_PORT=30000
+EXPOSE 30000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"]
+ENTRYPOINT ["kdtree-serve"]
+CMD ["--model-path", "/models", "--host", "0.0.0.0", "--port", "30000", "--attention-backend", "triton"]
+
+# ---------------------------------------------------------------------------------------------
+# The parity sidecar: no torch, no CUDA. Reports and its SQLite store go to /reports.
+FROM ${PYTHON_SLIM_IMAGE} AS parity
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree parity sidecar" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}"
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+COPY services/parity/ /src/services/parity/
+RUN pip install /src/services/parity \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
+    && mkdir -p /reports && chown kdtree /reports
+USER 10001
+WORKDIR /reports
+ENTRYPOINT ["kdtree-parity"]
+CMD ["--help"]
+
+# ---------------------------------------------------------------------------------------------
+# The embedded reference engine on the CPU (docker compose --profile demo): torch's CPU build,
+# the op's CPU implementation (no CUDA extension), kdtree_inference.
+FROM ${PYTHON_SLIM_IMAGE} AS demo
+ARG TORCH_VERSION
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.kdtree.torch.version="${TORCH_VERSION}"
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    KDTREE_HEALTH_PORT=30000
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+COPY kernel/ /src/kernel/
+COPY services/inference/ /src/services/inference/
+RUN pip install /src/kernel /src/services/inference \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
+USER 10001
+WORKDIR /home/kdtree
+EXPOSE 30000
+HEALTHCHECK --interval=5s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"]
+ENTRYPOINT ["kdtree-engine"]
+CMD ["--host", "0.0.0.0", "--port", "30000"]

@@ -1,0 +1,359 @@
+"""Static checks of the Dockerfile, compose.yaml and the GitHub workflows.
+
+No Docker engine runs in CI, so these read the files the way the tools would: hadolint on the
+Dockerfile, the Compose specification's JSON schema (vendored and pinned by check-jsonschema) on
+compose.yaml before and after interpolation, actionlint (with shellcheck) on the workflows, and
+assertions on the wiring that a user relies on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+GATE = {"inference-baseline", "inference-candidate", "parity"}
+SGLANG_SERVICES = {"inference-baseline", "inference-candidate", "inference"}
+DEMO = {"demo-baseline", "demo-candidate", "demo-parity"}
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    assert path.exists(), f"{name} is not installed in the venv: run `make setup`"
+    return str(path)
+
+
+def _run(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- compose helpers
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])((?:[^{}]|\{[^{}]*\})*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message} over the whole tree."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, operator, argument = match.group(1), match.group(2), match.group(3) or ""
+        current = env.get(name)
+        if operator == ":-":
+            return current if current else interpolate(argument, env)
+        if operator == "-":
+            return current if current is not None else interpolate(argument, env)
+        if operator == ":?" and not current:
+            raise KeyError(f"{name}: {argument}")
+        return current or ""
+
+    return _VAR.sub(substitute, value).replace("$$", "$")
+
+
+def dotenv() -> dict[str, str]:
+    pairs = {}
+    for line in (ROOT / ".env").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def load_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
+    raw = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    raw = {k: v for k, v in raw.items() if not k.startswith("x-")}
+    return interpolate(raw, {**dotenv(), **(env or {})})
+
+
+def enabled_services(compose: dict[str, Any], profiles: list[str] | None) -> set[str]:
+    """What `docker compose [--profile P ...] up` starts: a --profile flag replaces .env's."""
+    active = set(profiles) if profiles else set(dotenv().get("COMPOSE_PROFILES", "").split(","))
+    return {
+        name
+        for name, service in compose["services"].items()
+        if not service.get("profiles") or active & set(service["profiles"])
+    }
+
+
+def command_args(service: dict[str, Any]) -> list[str]:
+    command = service["command"]
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+    return [d for d in devices.get("devices", []) if "gpu" in d.get("capabilities", [])]
+
+
+# --------------------------------------------------------------------------- the linters
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = _run(_tool("hadolint"), "--failure-threshold", "info", "Dockerfile")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_catches_a_known_mistake(tmp_path: Path) -> None:
+    """The linter is live: an unpinned pip install and a root image are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:3.12-slim\nRUN pip install requests\n")
+    result = _run(_tool("hadolint"), str(bad))
+    assert result.returncode != 0 and "DL3013" in result.stdout
+
+
+@pytest.mark.parametrize("defaults", [True, False], ids=["interpolated", "raw"])
+def test_compose_matches_the_compose_specification(tmp_path: Path, defaults: bool) -> None:
+    if defaults:
+        document = {**yaml.safe_load((ROOT / "compose.yaml").read_text())}
+        resolved = {k: v for k, v in document.items() if k.startswith("x-")}
+        resolved.update(load_compose())
+        target = tmp_path / "compose.yaml"
+        target.write_text(yaml.safe_dump(resolved))
+    else:
+        target = ROOT / "compose.yaml"
+    result = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(target))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_schema_check_rejects_a_wrong_key(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yaml"
+    bad.write_text(
+        "services:\n  a:\n    image: x\n    depends_on:\n      b: {condition: healthy}\n"
+    )
+    result = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(bad))
+    assert result.returncode != 0
+
+
+def test_workflows_pass_actionlint_with_shellcheck() -> None:
+    result = _run(_tool("actionlint"), "-shellcheck", _tool("shellcheck"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    workflows = sorted(p.name for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    assert workflows == ["ci.yml", "parity-gate.yml"]
+    schema = _run(
+        _tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.github-workflows",
+        *(str(ROOT / ".github" / "workflows" / name) for name in workflows),
+    )
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "bad.yml").write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n"
+        "      - run: echo ${{ github.nonexistent_context_key }}\n"
+    )
+    result = subprocess.run(
+        [_tool("actionlint"), str(workflows / "bad.yml")], cwd=tmp_path, capture_output=True
+    )
+    assert result.returncode != 0
+
+
+# --------------------------------------------------------------------------- compose wiring
+
+
+def test_plain_up_starts_exactly_the_gate_trio() -> None:
+    compose = load_compose()
+    assert enabled_services(compose, None) == GATE
+    assert enabled_services(compose, ["serve"]) == {"inference"}
+    assert enabled_services(compose, ["demo"]) == DEMO
+
+
+def test_each_inference_service_runs_its_verify_mode() -> None:
+    services = load_compose()["services"]
+    modes = {name: s.get("environment", {}).get("KDTREE_VERIFY") for name, s in services.items()}
+    assert modes["inference-baseline"] == "off"
+    assert modes["inference-candidate"] == "on"
+    assert modes["inference"] == "on"
+    assert modes["demo-baseline"] == "off" and modes["demo-candidate"] == "on"
+    # Only the baseline is forced deterministic; both sides of the gate get the same SGLang args.
+    baseline = command_args(services["inference-baseline"])
+    candidate = command_args(services["inference-candidate"])
+    assert "--enable-deterministic-inference" in baseline
+    assert "--enable-deterministic-inference" not in candidate
+    assert [a for a in baseline if a != "--enable-deterministic-inference"] == candidate
+    assert "--speculative-algorithm" in candidate and "--model-path" in candidate
+    assert command_args(services["inference"]) == candidate
+    serve = load_compose({"KDTREE_VERIFY": "validate"})["services"]["inference"]
+    assert serve["environment"]["KDTREE_VERIFY"] == "validate"
+
+
+def test_parity_waits_for_both_servers_to_be_healthy() -> None:
+    services = load_compose()["services"]
+    for sidecar, pair in {
+        "parity": ("inference-baseline", "inference-candidate"),
+        "demo-parity": ("demo-baseline", "demo-candidate"),
+    }.items():
+        depends = services[sidecar]["depends_on"]
+        assert set(depends) == set(pair)
+        assert all(d["condition"] == "service_healthy" for d in depends.values())
+        assert all(services[name]["healthcheck"]["test"] for name in pair)
+        args = command_args(services[sidecar])
+        assert args[0] == "run"
+        assert args[args.index("--baseline") + 1] == f"http://{pair[0]}:30000"
+        assert args[args.index("--candidate") + 1] == f"http://{pair[1]}:30000"
+        assert args[args.index("--out") + 1].startswith("/reports/")
+    run_id = load_compose({"KDTREE_RUN_ID": "r1"})["services"]["parity"]
+    assert command_args(run_id)[-1] == "/reports/r1"
+
+
+def test_gpu_reservations_only_where_sglang_runs() -> None:
+    env = {"KDTREE_BASELINE_GPUS": "2,3", "KDTREE_CANDIDATE_GPUS": "4,5", "KDTREE_GPUS": "6"}
+    services = load_compose(env)["services"]
+    with_gpu = {name for name, s in services.items() if gpu_devices(s)}
+    assert with_gpu == SGLANG_SERVICES
+    ids = {name: gpu_devices(services[name])[0]["device_ids"] for name in sorted(with_gpu)}
+    assert ids == {
+        "inference": ["6"],
+        "inference-baseline": ["2,3"],
+        "inference-candidate": ["4,5"],
+    }
+    for name in SGLANG_SERVICES:
+        service = services[name]
+        assert service["ipc"] == "host"
+        assert any(v.endswith(":/models:ro") for v in service["volumes"])
+        assert gpu_devices(service)[0]["driver"] == "nvidia"
+    for name in DEMO | {"parity"}:
+        assert "deploy" not in services[name] and "ipc" not in services[name]
+
+
+def test_ports_come_from_the_environment() -> None:
+    env = {
+        "KDTREE_BASELINE_PORT": "41001",
+        "KDTREE_CANDIDATE_PORT": "41002",
+        "KDTREE_PORT": "41000",
+    }
+    services = load_compose(env)["services"]
+    assert services["inference-baseline"]["ports"] == ["127.0.0.1:41001:30000"]
+    assert services["inference-candidate"]["ports"] == ["127.0.0.1:41002:30000"]
+    assert services["inference"]["ports"] == ["127.0.0.1:41000:30000"]
+    images = load_compose({"KDTREE_CANDIDATE_IMAGE": "reg/x:abc"})["services"]
+    assert images["inference-candidate"]["image"] == "reg/x:abc"
+
+
+def test_demo_profile_needs_no_gpu_and_no_model() -> None:
+    services = load_compose()["services"]
+    for name in DEMO:
+        text = yaml.safe_dump(services[name])
+        assert "nvidia" not in text and "/models" not in text
+    assert {services[n]["build"]["target"] for n in DEMO} == {"demo", "parity"}
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_stages() -> dict[str, list[str]]:
+    """Stage name -> its instructions (continuation lines joined, comments dropped)."""
+    text = (ROOT / "Dockerfile").read_text()
+    logical = re.sub(
+        r"\\\n", " ", "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    )
+    stages: dict[str, list[str]] = {}
+    current = "__args__"
+    for line in logical.splitlines():
+        line = " ".join(line.split())
+        if not line:
+            continue
+        match = re.match(r"FROM \S+ AS (\S+)", line, re.IGNORECASE)
+        if match:
+            current = match.group(1)
+        stages.setdefault(current, []).append(line)
+    return stages
+
+
+def test_kernel_is_built_by_make_kernel_like_everywhere_else() -> None:
+    stages = dockerfile_stages()
+    runs = [line for line in stages["kernel-build"] if line.startswith("RUN ")]
+    builds = [r for r in runs if re.search(r"(^|&& |RUN )make kernel( |$|&&)", r)]
+    assert builds, f"the kernel-build stage does not run `make kernel`: {runs}"
+    assert not any("nvcc" in r or "setup.py" in r or "build_ext" in r for r in runs)
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^kernel:", makefile, re.MULTILINE), "the Makefile has no kernel target"
+    assert re.search(r"^## kernel: ", makefile, re.MULTILINE)
+    # The archs the image builds by default are the ones the Makefile builds by default.
+    default_archs = re.search(r'ARG KDTREE_CUDA_ARCHS="([^"]+)"', "\n".join(stages["kernel-build"]))
+    assert default_archs and default_archs.group(1) == "80;90;120"
+    assert "KDTREE_CUDA_ARCHS" in makefile or "KDTREE_CUDA_ARCHS" in _kernel_build_sources()
+
+
+def _kernel_build_sources() -> str:
+    paths = [*(ROOT / "kernel").glob("*.py"), *(ROOT / "kernel").glob("*.toml")]
+    paths += (ROOT / "kernel" / "kdtree_verify").glob("*.py")
+    return "\n".join(p.read_text() for p in paths)
+
+
+def test_inference_image_contract() -> None:
+    stage = "\n".join(dockerfile_stages()["inference"])
+    assert re.search(r"^FROM cuda-python AS inference", stage, re.MULTILINE)
+    base = "\n".join(dockerfile_stages()["__args__"] + dockerfile_stages()["cuda-python"])
+    cuda = re.search(r"ARG CUDA_VERSION=(\d+)\.(\d+)", base)
+    assert cuda and (int(cuda.group(1)), int(cuda.group(2))) >= (12, 8)
+    assert "nvidia/cuda:${CUDA_VERSION}-devel" in base
+    assert 'ENTRYPOINT ["kdtree-serve"]' in stage
+    assert "HEALTHCHECK" in stage and "/health" in stage
+    for label in (
+        "org.opencontainers.image.revision",
+        "io.kdtree.sglang.version",
+        "io.kdtree.cuda.archs",
+    ):
+        assert label in stage
+    assert "COPY --from=kernel-build /wheels/" in stage
+    assert re.search(r'pip install "sglang==\$\{SGLANG_VERSION\}"', stage)
+    args = "\n".join(dockerfile_stages()["__args__"])
+    assert "ARG SGLANG_VERSION=0.5.23" in args and "ARG TORCH_VERSION=2.14.1" in args
+
+
+def test_every_final_stage_runs_as_a_non_root_user() -> None:
+    for name in ("inference", "parity", "demo"):
+        users = [line for line in dockerfile_stages()[name] if line.startswith("USER ")]
+        assert users and users[-1] not in {"USER root", "USER 0"}, name
+
+
+def test_parity_image_has_no_torch() -> None:
+    stage = "\n".join(dockerfile_stages()["parity"])
+    assert "torch" not in stage.lower() and "nvidia/cuda" not in stage
+    assert 'ENTRYPOINT ["kdtree-parity"]' in stage
+    dependencies = (ROOT / "services" / "parity" / "pyproject.toml").read_text()
+    assert "torch" not in dependencies.split("dependencies")[1].split("]")[0]
+
+
+def test_dockerignore_keeps_the_context_small_but_complete() -> None:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    for heavy in (".venv", ".git", "reports", "promotions", "models"):
+        assert heavy in ignored or f"{heavy}/" in ignored, heavy
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (ROOT / "Dockerfile").read_text(), re.M)
+    for sources in copied:
+        for source in sources.split():
+            assert (ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
+            assert source.rstrip("/") not in ignored
+
+
+def test_promotion_cli_needs_only_the_standard_library() -> None:
+    """The Makefile runs it with the host's python3 and no venv: no third-party import allowed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "services" / "parity")}
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "kdtree_parity.promote", "promote", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--baseline-image" in result.stdout
