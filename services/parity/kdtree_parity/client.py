@@ -1,0 +1,142 @@
+"""HTTP client for one inference target (SGLang's API): health wait, identity, greedy replay.
+
+Retries, with exponential backoff (``backoff_s * 2**attempt``), happen only where a second try
+can give a different answer: the connection failed or broke, the server said 503 (starting or
+overloaded), or -- if ``retry_on_timeout`` -- the request timed out (greedy /generate is
+idempotent). Any other HTTP status or a malformed body is the target's answer and is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from kdtree_parity.corpus import CorpusEntry
+from kdtree_parity.generation import MalformedResponse, parse_generate_response
+from kdtree_parity.policy import ReplaySettings
+from kdtree_parity.results import Outcome, RequestError
+
+# The connection could not be made, or broke before a response arrived (server died mid-request).
+_CONNECTION_ERRORS = (
+    httpx.ConnectError,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+
+
+class TargetUnavailable(RuntimeError):
+    """A target did not become healthy before the deadline."""
+
+
+def build_generate_request(entry: CorpusEntry, replay: ReplaySettings) -> dict[str, Any]:
+    """The exact /generate body sent to every target for ``entry`` (greedy, with logprobs)."""
+    body: dict[str, Any] = {"text": entry.text} if entry.text is not None else {}
+    if entry.input_ids is not None:
+        body["input_ids"] = list(entry.input_ids)
+    body["sampling_params"] = {
+        "temperature": 0,
+        "max_new_tokens": entry.max_new_tokens or replay.max_new_tokens,
+    }
+    body["return_logprob"] = True
+    body["top_logprobs_num"] = replay.top_logprobs_num
+    body["return_text_in_logprobs"] = True
+    return body
+
+
+class TargetClient:
+    """One target URL; use as an async context manager."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        replay: ReplaySettings,
+        bearer_token: str | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.replay = replay
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(replay.timeout_s),
+            limits=httpx.Limits(max_connections=replay.concurrency * 2),
+        )
+        # Held by the caller around generate(): the runner checks for an abort after acquiring
+        # it, so queued requests are dropped instead of sent once a run has been stopped.
+        self.slot = asyncio.Semaphore(replay.concurrency)
+
+    async def __aenter__(self) -> TargetClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    async def wait_healthy(self, deadline_s: float, poll_s: float = 0.5) -> None:
+        """Poll GET /health until 200; raise TargetUnavailable with the last cause at the deadline."""
+        end = time.monotonic() + deadline_s
+        last = "no answer yet"
+        while True:
+            try:
+                resp = await self._http.get("/health", timeout=min(10.0, self.replay.timeout_s))
+                if resp.status_code == 200:
+                    return
+                last = f"HTTP {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= end:
+                raise TargetUnavailable(
+                    f"{self.name} ({self.base_url}) not healthy after {deadline_s:g}s: {last}"
+                )
+            await asyncio.sleep(poll_s)
+
+    async def identity(self) -> dict[str, Any]:
+        """What the target says it is (GET /model_info); an error is recorded, not raised."""
+        try:
+            resp = await self._http.get("/model_info", timeout=min(10.0, self.replay.timeout_s))
+            if resp.status_code == 200 and isinstance(resp.json(), dict):
+                return resp.json()
+            return {"error": f"/model_info answered HTTP {resp.status_code}"}
+        except (httpx.HTTPError, ValueError) as exc:
+            return {"error": f"/model_info failed: {type(exc).__name__}: {exc}"}
+
+    async def generate(self, body: dict[str, Any]) -> Outcome:
+        """POST /generate with retries; never raises for target failures. Hold ``slot``."""
+        started = time.monotonic()
+        attempts = 0
+        error: RequestError | None = None
+        for attempt in range(self.replay.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.replay.backoff_s * 2 ** (attempt - 1))
+            attempts += 1
+            try:
+                resp = await self._http.post("/generate", json=body)
+            except httpx.TimeoutException as exc:
+                kind = "connect" if isinstance(exc, httpx.ConnectTimeout) else "timeout"
+                error = RequestError(kind, f"{type(exc).__name__} after {self.replay.timeout_s:g}s")
+                if kind == "timeout" and not self.replay.retry_on_timeout:
+                    break
+                continue
+            except _CONNECTION_ERRORS as exc:
+                error = RequestError("connect", f"{type(exc).__name__}: {exc}")
+                continue
+            if resp.status_code == 503:
+                error = RequestError("unavailable", "HTTP 503", status_code=503)
+                continue
+            if resp.status_code != 200:
+                error = RequestError(
+                    "http", f"HTTP {resp.status_code}: {resp.text[:500]}", resp.status_code
+                )
+                break
+            try:
+                generation = parse_generate_response(resp.json())
+            except (MalformedResponse, ValueError) as exc:
+                error = RequestError("malformed", str(exc)[:500], resp.status_code)
+                break
+            return Outcome(generation, None, attempts, time.monotonic() - started)
+        return Outcome(None, error, attempts, time.monotonic() - started)

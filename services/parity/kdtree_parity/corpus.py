@@ -1,0 +1,202 @@
+"""The replay corpus: a JSONL file of prompts, validated line by line.
+
+One JSON object per line::
+
+    {"id": "code-001", "text": "def fib(n):", "max_new_tokens": 32, "tags": ["code"]}
+    {"id": "ids-001", "input_ids": [256, 72, 105]}
+
+``id`` (unique, non-empty string) and exactly one of ``text`` (non-empty string) or ``input_ids``
+(non-empty list of non-negative ints) are required; ``max_new_tokens`` (positive int) and
+``tags`` (list of strings) are optional. Blank lines are skipped. Every problem in the file is
+reported at once, each with its line number, so a broken corpus is fixed in one pass.
+
+The shipped corpora live in ``kdtree_parity/corpora`` (package data): ``default`` (>= 200 prompts:
+code, math, prose, several languages, a few long ones) and ``short`` (sized for the CPU reference
+engine). A corpus argument is either a path or one of those names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+# Generous but finite: a corpus entry asking for more is almost certainly a typo.
+MAX_NEW_TOKENS_LIMIT = 32768
+ALLOWED_KEYS = frozenset({"id", "text", "input_ids", "max_new_tokens", "tags"})
+BUILTIN_CORPORA = ("default", "short")
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be used; ``problems`` holds (line number, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[int, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {source}:{line}: {message}" for line, message in problems)
+        super().__init__(f"corpus {source} has {len(problems)} problem(s):\n{lines}")
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    """One prompt to replay against every target."""
+
+    id: str
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    max_new_tokens: int | None = None
+    tags: tuple[str, ...] = ()
+    line: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as it appears in the corpus (without the line number)."""
+        out: dict[str, Any] = {"id": self.id}
+        if self.text is not None:
+            out["text"] = self.text
+        if self.input_ids is not None:
+            out["input_ids"] = list(self.input_ids)
+        if self.max_new_tokens is not None:
+            out["max_new_tokens"] = self.max_new_tokens
+        if self.tags:
+            out["tags"] = list(self.tags)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], line: int = 0) -> CorpusEntry:
+        """Inverse of to_json for entries that were validated before they were stored."""
+        return cls(
+            id=data["id"],
+            text=data.get("text"),
+            input_ids=tuple(data["input_ids"]) if "input_ids" in data else None,
+            max_new_tokens=data.get("max_new_tokens"),
+            tags=tuple(data.get("tags", ())),
+            line=line,
+        )
+
+    @property
+    def prompt_preview(self) -> str:
+        """A short human-readable form of the prompt for reports."""
+        if self.text is not None:
+            return self.text
+        return "input_ids: " + " ".join(str(t) for t in (self.input_ids or ()))
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A validated corpus and the sha256 of its exact bytes (reports are bound to it)."""
+
+    source: str
+    sha256: str
+    entries: tuple[CorpusEntry, ...] = field(default_factory=tuple)
+    raw: bytes = b""  # the exact bytes hashed: stored with a run so resume replays the same
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _validate_entry(obj: Any, line: int) -> tuple[CorpusEntry | None, list[str]]:
+    problems: list[str] = []
+    if not isinstance(obj, dict):
+        return None, [f"expected a JSON object, got {type(obj).__name__}"]
+    unknown = sorted(set(obj) - ALLOWED_KEYS)
+    if unknown:
+        problems.append(
+            f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ALLOWED_KEYS))}"
+        )
+    entry_id = obj.get("id")
+    if not isinstance(entry_id, str) or not entry_id.strip():
+        problems.append("'id' must be a non-empty string")
+    has_text, has_ids = "text" in obj, "input_ids" in obj
+    if has_text == has_ids:
+        problems.append("exactly one of 'text' or 'input_ids' is required")
+    text = obj.get("text")
+    if has_text and (not isinstance(text, str) or not text):
+        problems.append("'text' must be a non-empty string")
+    input_ids = obj.get("input_ids")
+    if has_ids and (
+        not isinstance(input_ids, list)
+        or not input_ids
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids)
+    ):
+        problems.append("'input_ids' must be a non-empty list of non-negative integers")
+    max_new = obj.get("max_new_tokens")
+    if "max_new_tokens" in obj and (
+        not isinstance(max_new, int)
+        or isinstance(max_new, bool)
+        or not 1 <= max_new <= MAX_NEW_TOKENS_LIMIT
+    ):
+        problems.append(f"'max_new_tokens' must be an integer in 1..{MAX_NEW_TOKENS_LIMIT}")
+    tags = obj.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        problems.append("'tags' must be a list of non-empty strings")
+    if problems:
+        return None, problems
+    return (
+        CorpusEntry(
+            id=entry_id,
+            text=text if has_text else None,
+            input_ids=tuple(input_ids) if has_ids else None,
+            max_new_tokens=max_new,
+            tags=tuple(tags),
+            line=line,
+        ),
+        [],
+    )
+
+
+def parse_corpus(data: bytes, source: str = "<corpus>") -> Corpus:
+    """Validate JSONL bytes; raises CorpusError listing every problem with its line number."""
+    problems: list[tuple[int, str]] = []
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise CorpusError(source, [(line, f"not valid UTF-8: {exc.reason}")]) from None
+    entries: list[CorpusEntry] = []
+    first_line_of: dict[str, int] = {}
+    for number, raw in enumerate(content.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problems.append((number, f"invalid JSON: {exc.msg} (column {exc.colno})"))
+            continue
+        entry, entry_problems = _validate_entry(obj, number)
+        problems.extend((number, p) for p in entry_problems)
+        if entry is None:
+            continue
+        if entry.id in first_line_of:
+            problems.append(
+                (number, f"duplicate id {entry.id!r} (first on line {first_line_of[entry.id]})")
+            )
+            continue
+        first_line_of[entry.id] = number
+        entries.append(entry)
+    if not entries and not problems:
+        problems.append((1, "the corpus has no entries"))
+    if problems:
+        raise CorpusError(source, problems)
+    return Corpus(
+        source=source, sha256=hashlib.sha256(data).hexdigest(), entries=tuple(entries), raw=data
+    )
+
+
+def builtin_corpus_path(name: str) -> Path:
+    """Filesystem path of a shipped corpus (``default`` or ``short``)."""
+    if name not in BUILTIN_CORPORA:
+        raise CorpusError(name, [(0, f"unknown built-in corpus; choose {BUILTIN_CORPORA}")])
+    return Path(str(resources.files("kdtree_parity") / "corpora" / f"{name}.jsonl"))
+
+
+def load_corpus(spec: str | Path) -> Corpus:
+    """Load a corpus from a path, or a shipped one by name (a path wins if it exists)."""
+    path = Path(spec)
+    if not path.exists() and str(spec) in BUILTIN_CORPORA:
+        path = builtin_corpus_path(str(spec))
+    if not path.is_file():
+        raise CorpusError(str(spec), [(0, "no such file (and not a built-in corpus name)")])
+    return parse_corpus(path.read_bytes(), source=str(path))

@@ -1,0 +1,163 @@
+"""The gate policy: how to replay, how to compare, and the thresholds of the verdict (YAML).
+
+A policy file has three sections; every key is optional and has the default shown by
+``kdtree-parity policy --show default``. Unknown keys are refused (a typo must not silently
+weaken a gate), and every error names the YAML line it comes from. Two policies ship as package
+data: ``default`` (real models, the default corpus) and ``short`` (the CPU reference engine with
+the short corpus). A policy argument is either a path or one of those names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+BUILTIN_POLICIES = ("default", "short")
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; ``problems`` holds (line number, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[int, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {source}:{line}: {message}" for line, message in problems)
+        super().__init__(f"policy {source} has {len(problems)} problem(s):\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplaySettings(_Strict):
+    """How the corpus is sent to every target."""
+
+    max_new_tokens: int = Field(64, ge=1, le=32768, description="when an entry sets none")
+    top_logprobs_num: int = Field(5, ge=1, le=100, description="top-k logprobs per position")
+    concurrency: int = Field(4, ge=1, le=256, description="requests in flight per target")
+    timeout_s: float = Field(120.0, gt=0, description="per-request timeout, seconds")
+    retries: int = Field(3, ge=0, le=20, description="extra attempts after a retryable failure")
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles every retry")
+    retry_on_timeout: bool = Field(
+        True, description="greedy /generate is idempotent, so a timed-out request is retried"
+    )
+    health_deadline_s: float = Field(600.0, gt=0, description="wait this long for /health")
+    max_consecutive_transport_errors: int = Field(
+        3, ge=1, description="a target failing this many requests in a row ends the run (error)"
+    )
+
+
+class CompareSettings(_Strict):
+    """How two generations of one prompt are compared."""
+
+    near_tie_epsilon: float = Field(
+        0.1,
+        ge=0,
+        description="a first divergence is a near-tie when each side's token is in the other's "
+        "top-k and each side's logprob gap between the two tokens is at most this (nats)",
+    )
+
+
+class GateSettings(_Strict):
+    """Thresholds of the verdict. Candidate figures are judged by their excess over A/A."""
+
+    min_prompts: int = Field(20, ge=1, description="prompts compared without error, at least")
+    max_hard_divergences: int = Field(0, ge=0, description="candidate hard minus A/A hard")
+    min_exact_match_rate: float = Field(0.8, ge=0, le=1, description="candidate vs baseline")
+    max_excess_divergence_rate: float = Field(
+        0.1, ge=0, le=1, description="candidate divergence rate minus A/A divergence rate"
+    )
+    max_logprob_drift_p99: float = Field(
+        0.1, ge=0, description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)"
+    )
+    max_candidate_errors: int = Field(0, ge=0, description="requests the candidate refused")
+    allow_aa_divergence: bool = Field(
+        False, description="if false, any A/A difference makes the run undecidable"
+    )
+
+
+class Policy(_Strict):
+    """A whole policy file."""
+
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A validated policy with its source text (stored with every run) and the text's sha256."""
+
+    policy: Policy
+    source: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """The 1-based YAML line of the value at ``loc`` (or of its nearest existing parent)."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for key in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == key:
+                node = value_node
+                line = key_node.start_mark.line + 1
+                break
+        else:
+            break
+    return line
+
+
+def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
+    """Validate policy YAML; raises PolicyError with line numbers."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise PolicyError(
+            source, [(line, f"invalid YAML: {getattr(exc, 'problem', exc)}")]
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, [(1, "a policy is a YAML mapping with replay/compare/gate")])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            where = ".".join(str(p) for p in loc) or "(top level)"
+            problems.append((_line_of(root, loc), f"{where}: {err['msg']}"))
+        raise PolicyError(source, sorted(problems)) from None
+    return LoadedPolicy(policy=policy, source=source, text=text)
+
+
+def builtin_policy_path(name: str) -> Path:
+    """Filesystem path of a shipped policy (``default`` or ``short``)."""
+    if name not in BUILTIN_POLICIES:
+        raise PolicyError(name, [(0, f"unknown built-in policy; choose {BUILTIN_POLICIES}")])
+    return Path(str(resources.files("kdtree_parity") / "policies" / f"{name}.yaml"))
+
+
+def load_policy(spec: str | Path) -> LoadedPolicy:
+    """Load a policy from a path, or a shipped one by name (a path wins if it exists)."""
+    path = Path(spec)
+    if not path.exists() and str(spec) in BUILTIN_POLICIES:
+        path = builtin_policy_path(str(spec))
+    if not path.is_file():
+        raise PolicyError(str(spec), [(0, "no such file (and not a built-in policy name)")])
+    return parse_policy(path.read_text(encoding="utf-8"), source=str(path))

@@ -1,0 +1,51 @@
+"""Reports of a run: JSON (schema in ``schema.py``), self-contained HTML, Markdown summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kdtree_parity.report.build import build_report
+from kdtree_parity.report.html import render_html
+from kdtree_parity.report.markdown import render_markdown
+from kdtree_parity.report.schema import SCHEMA_VERSION, Report
+from kdtree_parity.store import Store
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Report",
+    "build_report",
+    "render_html",
+    "render_markdown",
+    "report_json",
+    "write_report_files",
+]
+
+
+def report_json(report: Report) -> str:
+    return json.dumps(report.model_dump(mode="json"), indent=1, allow_nan=False) + "\n"
+
+
+def write_report_files(store: Store, run_id: str, out_dir: Path) -> dict[str, Path]:
+    """Write report.json, report.html and report.md under ``out_dir/run_id``; return the paths.
+
+    Each file is written to a temporary name and renamed, so a reader never sees half a report.
+    """
+    report = build_report(store, run_id)
+    target = out_dir / run_id
+    target.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": target / "report.json",
+        "html": target / "report.html",
+        "md": target / "report.md",
+    }
+    contents = {
+        "json": report_json(report),
+        "html": render_html(report),
+        "md": render_markdown(report),
+    }
+    for key, path in paths.items():
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(contents[key], encoding="utf-8")
+        tmp.replace(path)
+    return paths

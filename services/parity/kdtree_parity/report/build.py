@@ -1,0 +1,194 @@
+"""Build a run's Report from the store (the single source of every rendering)."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+
+from kdtree_parity.compare import DriftStats, PairComparison
+from kdtree_parity.gate import PairSummary, decide, summarize
+from kdtree_parity.policy import parse_policy
+from kdtree_parity.report.schema import (
+    ComparisonModel,
+    CorpusModel,
+    DriftModel,
+    ExcessModel,
+    PairSummaryModel,
+    PolicyModel,
+    PromptModel,
+    ReasonModel,
+    Report,
+    RunModel,
+    SideModel,
+    SummaryModel,
+    TargetModel,
+    TopLogprobModel,
+    VerdictModel,
+)
+from kdtree_parity.results import ROLES, PromptResult
+from kdtree_parity.store import Store
+
+PROMPT_CHARS = 4000
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _drift(d: DriftStats) -> DriftModel:
+    return DriftModel(count=d.count, max=d.max, p99=d.p99, mean=d.mean)
+
+
+def _comparison(c: PairComparison | None) -> ComparisonModel | None:
+    if c is None:
+        return None
+    return ComparisonModel(
+        exact=c.exact,
+        common_prefix_len=c.common_prefix_len,
+        first_divergence=c.first_divergence,
+        divergence_class=c.divergence_class,
+        divergence_reason=c.divergence_reason,
+        len_a=c.len_a,
+        len_b=c.len_b,
+        finish_a=c.finish_a,
+        finish_b=c.finish_b,
+        token_a=c.token_a,
+        token_b=c.token_b,
+        gap_a=_finite(c.gap_a),
+        gap_b=_finite(c.gap_b),
+        drift=_drift(c.drift),
+    )
+
+
+def _pair_summary(p: PairSummary) -> PairSummaryModel:
+    return PairSummaryModel(
+        compared=p.compared,
+        exact=p.exact,
+        exact_rate=p.exact_rate,
+        diverged=p.diverged,
+        divergence_rate=p.divergence_rate,
+        hard=p.hard,
+        near_tie=p.near_tie,
+        length_differs=p.length_differs,
+        finish_differs=p.finish_differs,
+        divergence_positions=list(p.divergence_positions),
+        hard_prompt_ids=list(p.hard_prompt_ids),
+        drift=_drift(p.drift),
+    )
+
+
+def _prompt(result: PromptResult) -> PromptModel:
+    c = result.candidate
+    if result.has_error or c is None:
+        status = "error"
+    else:
+        status = "exact" if c.exact else c.divergence_class or "hard"
+    at = c.first_divergence if c is not None else None
+    sides = []
+    for role in ROLES:
+        outcome = result.outcomes[role]
+        g = outcome.generation
+        top = None
+        if g is not None and at is not None and role != "aa" and at < len(g.top_logprobs):
+            entries = g.top_logprobs[at]
+            top = (
+                None
+                if entries is None
+                else [
+                    TopLogprobModel(token_id=t.token_id, logprob=_finite(t.logprob), text=t.text)
+                    for t in entries
+                ]
+            )
+        sides.append(
+            SideModel(
+                role=role,
+                output_ids=list(g.output_ids) if g else [],
+                token_texts=list(g.token_texts) if g else [],
+                token_logprobs=[_finite(x) for x in g.token_logprobs] if g else [],
+                finish_reason=g.finish_reason if g else None,
+                text=g.text if g else "",
+                error=None
+                if outcome.error is None
+                else f"{outcome.error.kind}: {outcome.error.message}",
+                attempts=outcome.attempts,
+                elapsed_s=outcome.elapsed_s,
+                top_at_divergence=top,
+            )
+        )
+    return PromptModel(
+        id=result.entry.id,
+        line=result.entry.line,
+        tags=list(result.entry.tags),
+        prompt=result.entry.prompt_preview[:PROMPT_CHARS],
+        status=status,
+        candidate=_comparison(c),
+        aa=_comparison(result.aa),
+        sides=sides,
+    )
+
+
+def build_report(store: Store, run_id: str) -> Report:
+    """The report of ``run_id`` in whatever state it is; an unfinished run's verdict is error."""
+    record = store.get_run(run_id)
+    loaded = parse_policy(record.policy_text, source=record.policy_source)
+    results = store.results(run_id)
+    summary = summarize(results, record.prompts_total)
+    if record.verdict is not None:
+        verdict = VerdictModel.model_validate(record.verdict)
+    else:
+        why = record.error or f"the run is {record.status}"
+        v = decide(summary, loaded.policy.gate, aborted_because=f"{record.status}: {why}")
+        verdict = VerdictModel(
+            status=v.status,
+            reasons=[
+                ReasonModel(rule=r.rule, outcome=r.outcome, message=r.message) for r in v.reasons
+            ],
+        )
+    end = record.finished_at
+    return Report(
+        generated_at=_iso(time.time()),
+        run=RunModel(
+            id=record.id,
+            status=record.status,
+            pair=record.pair,
+            created_at=_iso(record.created_at),
+            finished_at=_iso(end),
+            duration_s=None if end is None else round(end - record.created_at, 3),
+            error=record.error,
+        ),
+        verdict=verdict,
+        targets=[
+            TargetModel(role=role, url=url, identity=identity)
+            for role, (url, identity) in sorted(
+                record.targets.items(), key=lambda kv: ROLES.index(kv[0])
+            )
+        ],
+        corpus=CorpusModel(
+            source=record.corpus_source, sha256=record.corpus_sha256, prompts=record.prompts_total
+        ),
+        policy=PolicyModel(
+            source=record.policy_source,
+            sha256=record.policy_sha256,
+            text=record.policy_text,
+            settings=loaded.policy,
+        ),
+        summary=SummaryModel(
+            prompts_total=summary.prompts_total,
+            prompts_done=summary.prompts_done,
+            prompts_compared=summary.prompts_compared,
+            errors=summary.errors,
+            candidate=_pair_summary(summary.candidate),
+            aa=_pair_summary(summary.aa),
+            excess=ExcessModel(
+                divergence_rate=summary.excess_divergence_rate,
+                hard=summary.excess_hard,
+                drift_p99=summary.excess_drift_p99,
+            ),
+        ),
+        prompts=[_prompt(r) for r in results],
+    )

@@ -1,0 +1,168 @@
+"""The JSON report's schema, as pydantic models (``kdtree-parity schema`` prints it as JSON Schema).
+
+Stable for machines: fields are only ever added; a breaking change bumps ``SCHEMA_VERSION``.
+Logprobs are natural-log probabilities; ``null`` where a target reported none (or -inf).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kdtree_parity.policy import Policy
+
+SCHEMA_VERSION = 1
+
+
+class TopLogprobModel(BaseModel):
+    token_id: int
+    logprob: float | None
+    text: str | None = None
+
+
+class SideModel(BaseModel):
+    """One target's answer for one prompt."""
+
+    role: Literal["baseline", "candidate", "aa"]
+    output_ids: list[int] = Field(description="greedy output token ids (empty on error)")
+    token_texts: list[str | None] = Field(description="per token text, when the target sent it")
+    token_logprobs: list[float | None]
+    finish_reason: str | None
+    text: str
+    error: str | None = Field(description="'<kind>: <message>' when the request failed")
+    attempts: int
+    elapsed_s: float
+    top_at_divergence: list[TopLogprobModel] | None = Field(
+        None, description="this side's top-k at the candidate pair's first divergence"
+    )
+
+
+class DriftModel(BaseModel):
+    """|logprob difference| of the chosen token at agreeing positions (nats)."""
+
+    count: int
+    max: float
+    p99: float = Field(description="nearest-rank 99th percentile")
+    mean: float
+
+
+class ComparisonModel(BaseModel):
+    """One prompt on one pair: a = baseline, b = candidate (or the A/A twin)."""
+
+    exact: bool
+    common_prefix_len: int
+    first_divergence: int | None
+    divergence_class: Literal["near_tie", "hard"] | None
+    divergence_reason: str
+    len_a: int
+    len_b: int
+    finish_a: str | None
+    finish_b: str | None
+    token_a: int | None
+    token_b: int | None
+    gap_a: float | None = Field(description="a: logprob(a's token) - logprob(b's token)")
+    gap_b: float | None = Field(description="b: logprob(b's token) - logprob(a's token)")
+    drift: DriftModel
+
+
+class PromptModel(BaseModel):
+    id: str
+    line: int = Field(description="line of the entry in the corpus file")
+    tags: list[str]
+    prompt: str = Field(description="the prompt text (or its input_ids), cut at 4000 chars")
+    status: Literal["exact", "near_tie", "hard", "error"] = Field(
+        description="candidate vs baseline: the class of the first divergence, or error"
+    )
+    candidate: ComparisonModel | None
+    aa: ComparisonModel | None
+    sides: list[SideModel]
+
+
+class PairSummaryModel(BaseModel):
+    compared: int
+    exact: int
+    exact_rate: float
+    diverged: int
+    divergence_rate: float
+    hard: int
+    near_tie: int
+    length_differs: int
+    finish_differs: int
+    divergence_positions: list[int]
+    hard_prompt_ids: list[str]
+    drift: DriftModel
+
+
+class ExcessModel(BaseModel):
+    """Candidate figures minus the A/A figures: what the gate judges."""
+
+    divergence_rate: float
+    hard: int
+    drift_p99: float
+
+
+class SummaryModel(BaseModel):
+    prompts_total: int
+    prompts_done: int = Field(description="prompts with a stored result (errored included)")
+    prompts_compared: int = Field(description="prompts where every request succeeded")
+    errors: dict[str, dict[str, int]] = Field(description="role -> error kind -> count")
+    candidate: PairSummaryModel
+    aa: PairSummaryModel
+    excess: ExcessModel
+
+
+class ReasonModel(BaseModel):
+    rule: str
+    outcome: Literal["pass", "fail", "undecided"]
+    message: str
+
+
+class VerdictModel(BaseModel):
+    status: Literal["pass", "fail", "error"] = Field(
+        description="error = could not decide; a run that did not finish is never a pass"
+    )
+    reasons: list[ReasonModel]
+
+
+class TargetModel(BaseModel):
+    role: Literal["baseline", "candidate", "aa"]
+    url: str
+    identity: dict | None = Field(description="what the target's /model_info reported")
+
+
+class RunModel(BaseModel):
+    id: str
+    status: Literal["running", "passed", "failed", "error", "interrupted"]
+    pair: str
+    created_at: str
+    finished_at: str | None
+    duration_s: float | None
+    error: str | None
+
+
+class CorpusModel(BaseModel):
+    source: str
+    sha256: str
+    prompts: int
+
+
+class PolicyModel(BaseModel):
+    source: str
+    sha256: str
+    text: str
+    settings: Policy
+
+
+class Report(BaseModel):
+    """A parity run's report."""
+
+    schema_version: int = SCHEMA_VERSION
+    generated_at: str
+    run: RunModel
+    verdict: VerdictModel
+    targets: list[TargetModel]
+    corpus: CorpusModel
+    policy: PolicyModel
+    summary: SummaryModel
+    prompts: list[PromptModel]

@@ -1,0 +1,107 @@
+"""Per-request outcomes and per-prompt results: what the replay produces and the store keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kdtree_parity.compare import PairComparison
+from kdtree_parity.corpus import CorpusEntry
+from kdtree_parity.generation import Generation
+
+# Every role a target plays in a run. "aa" is the A/A twin of the baseline: the replica when one
+# is configured, otherwise the baseline itself replayed a second time.
+Role = Literal["baseline", "candidate", "aa"]
+ROLES: tuple[Role, ...] = ("baseline", "candidate", "aa")
+
+ErrorKind = Literal["connect", "timeout", "unavailable", "http", "malformed"]
+# Kinds that say "the target could not be reached / did not answer", as opposed to "the target
+# answered and the answer was an error". The first kind makes a run undecidable; the second is
+# held against the target.
+TRANSPORT_KINDS: frozenset[str] = frozenset({"connect", "timeout", "unavailable"})
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why a request to one target produced no generation (after all retries)."""
+
+    kind: ErrorKind
+    message: str
+    status_code: int | None = None
+
+    @property
+    def transport(self) -> bool:
+        return self.kind in TRANSPORT_KINDS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "status_code": self.status_code}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestError:
+        return cls(kind=data["kind"], message=data["message"], status_code=data.get("status_code"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request to one target: a generation or an error, and what it took."""
+
+    generation: Generation | None
+    error: RequestError | None
+    attempts: int
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generation": None if self.generation is None else self.generation.to_json(),
+            "error": None if self.error is None else self.error.to_json(),
+            "attempts": self.attempts,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(
+            generation=None
+            if data["generation"] is None
+            else Generation.from_json(data["generation"]),
+            error=None if data["error"] is None else RequestError.from_json(data["error"]),
+            attempts=data["attempts"],
+            elapsed_s=data["elapsed_s"],
+        )
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """All targets' outcomes for one corpus entry and the two comparisons made from them."""
+
+    entry: CorpusEntry
+    outcomes: dict[Role, Outcome]
+    candidate: PairComparison | None = None  # baseline vs candidate
+    aa: PairComparison | None = None  # baseline vs its A/A twin
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def has_error(self) -> bool:
+        return any(o.error is not None for o in self.outcomes.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry.to_json(),
+            "line": self.entry.line,
+            "outcomes": {role: o.to_json() for role, o in self.outcomes.items()},
+            "candidate": None if self.candidate is None else self.candidate.to_json(),
+            "aa": None if self.aa is None else self.aa.to_json(),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PromptResult:
+        return cls(
+            entry=CorpusEntry.from_json(data["entry"], line=data.get("line", 0)),
+            outcomes={role: Outcome.from_json(o) for role, o in data["outcomes"].items()},
+            candidate=None
+            if data["candidate"] is None
+            else PairComparison.from_json(data["candidate"]),
+            aa=None if data["aa"] is None else PairComparison.from_json(data["aa"]),
+            notes=tuple(data.get("notes", ())),
+        )

@@ -1,0 +1,215 @@
+"""One parity run end to end: health, identity, replay, compare, persist, decide, report.
+
+The same request for a prompt goes to the baseline, the candidate and the A/A twin (the replica,
+or the baseline a second time). A prompt's result is stored as soon as its three answers are in.
+A target that fails ``max_consecutive_transport_errors`` requests in a row stops the run (queued
+requests are dropped, not sent): the verdict is then ``error``, and ``resume`` finishes it later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kdtree_parity.client import TargetClient, TargetUnavailable, build_generate_request
+from kdtree_parity.compare import compare_generations
+from kdtree_parity.corpus import Corpus, CorpusEntry, parse_corpus
+from kdtree_parity.gate import Verdict, decide, summarize
+from kdtree_parity.policy import LoadedPolicy, parse_policy
+from kdtree_parity.report import write_report_files
+from kdtree_parity.results import ROLES, Outcome, PromptResult, Role
+from kdtree_parity.store import VERDICT_TO_STATUS, Store
+
+ProgressCallback = Callable[[int, int, PromptResult | None], None]
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where the run sends its requests. With no replica the baseline also serves as A/A twin."""
+
+    baseline: str
+    candidate: str
+    replica: str | None = None
+
+    def as_roles(self) -> dict[str, str]:
+        return {
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "aa": self.replica or self.baseline,
+        }
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str
+    verdict: Verdict | None
+    error: str | None = None
+
+
+def start_run(
+    store: Store,
+    corpus: Corpus,
+    policy: LoadedPolicy,
+    targets: Targets,
+    *,
+    pair: str = "cli",
+    out_dir: str | None = None,
+) -> str:
+    """Record a new run (status running) and return its id; ``execute_run`` does the work."""
+    return store.create_run(
+        pair=pair,
+        targets=targets.as_roles(),
+        prompts_total=len(corpus),
+        corpus_source=corpus.source,
+        corpus_sha256=corpus.sha256,
+        corpus_jsonl=corpus.raw,
+        policy_source=policy.source,
+        policy_sha256=policy.sha256,
+        policy_text=policy.text,
+        out_dir=out_dir,
+    )
+
+
+class _Breaker:
+    """Counts consecutive transport failures per target client; trips the run's stop event."""
+
+    def __init__(self, limit: int, stop: asyncio.Event) -> None:
+        self.limit = limit
+        self.stop = stop
+        self.reason: str | None = None
+        self._streak: dict[str, int] = {}
+
+    def record(self, client: TargetClient, outcome: Outcome) -> None:
+        if outcome.error is not None and outcome.error.transport:
+            self._streak[client.name] = self._streak.get(client.name, 0) + 1
+            if self._streak[client.name] >= self.limit and not self.stop.is_set():
+                self.reason = (
+                    f"{client.name} ({client.base_url}) failed {self.limit} requests in a row, "
+                    f"last: {outcome.error.message}"
+                )
+                self.stop.set()
+        else:
+            self._streak[client.name] = 0
+
+
+async def execute_run(
+    store: Store,
+    run_id: str,
+    *,
+    progress: ProgressCallback | None = None,
+    write_reports: bool = True,
+) -> RunOutcome:
+    """Run (or resume) ``run_id`` as recorded in the store; always leaves it in a final status."""
+    record = store.get_run(run_id)
+    corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
+    loaded = parse_policy(record.policy_text, source=record.policy_source)
+    replay = loaded.policy.replay
+    urls = {role: url for role, (url, _) in record.targets.items()}
+    clients: dict[str, TargetClient] = {}
+    role_client: dict[Role, TargetClient] = {}
+    for role in ROLES:
+        url = urls[role]
+        if role == "aa" and url == urls["baseline"]:
+            role_client[role] = role_client["baseline"]
+            continue
+        name = "replica" if role == "aa" else role
+        clients[name] = role_client[role] = TargetClient(name, url, replay)
+    stop = asyncio.Event()
+    breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
+    try:
+        try:
+            await asyncio.gather(
+                *(c.wait_healthy(replay.health_deadline_s) for c in clients.values())
+            )
+        except TargetUnavailable as exc:
+            breaker.reason = str(exc)
+        else:
+            for role, client in role_client.items():
+                store.set_identity(run_id, role, await client.identity())
+            done_ids = store.completed_prompt_ids(run_id)
+            pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
+            counter = {"done": len(done_ids)}
+            if progress:
+                progress(counter["done"], len(corpus), None)
+
+            async def one_prompt(ordinal: int, entry: CorpusEntry) -> None:
+                body = build_generate_request(entry, replay)
+
+                async def ask(role: Role) -> Outcome | None:
+                    client = role_client[role]
+                    async with client.slot:
+                        if stop.is_set():
+                            return None
+                        outcome = await client.generate(body)
+                    breaker.record(client, outcome)
+                    return outcome
+
+                answers = await asyncio.gather(*(ask(role) for role in ROLES))
+                if any(a is None for a in answers):
+                    return  # the run was stopped; this prompt stays pending for resume
+                outcomes: dict[Role, Outcome] = dict(zip(ROLES, answers, strict=True))
+                result = _compare(entry, outcomes, loaded.policy.compare.near_tie_epsilon)
+                store.save_result(run_id, ordinal, result)
+                counter["done"] += 1
+                if progress:
+                    progress(counter["done"], len(corpus), result)
+
+            await asyncio.gather(*(one_prompt(i, e) for i, e in pending))
+        verdict = decide(
+            summarize(store.results(run_id), len(corpus)),
+            loaded.policy.gate,
+            aborted_because=breaker.reason,
+        )
+        status = VERDICT_TO_STATUS[verdict.status]
+        store.finish_run(run_id, status, verdict=verdict_to_json(verdict), error=breaker.reason)
+        outcome = RunOutcome(run_id, status, verdict, breaker.reason)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        store.finish_run(run_id, "interrupted", error="interrupted (signal or cancellation)")
+        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        raise
+    except Exception as exc:
+        store.finish_run(
+            run_id, "error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        )
+        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        raise
+    finally:
+        for client in clients.values():
+            await client.__aexit__(None, None, None)
+    if write_reports and record.out_dir:
+        write_report_files(store, run_id, Path(record.out_dir))
+    return outcome
+
+
+def _compare(entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float) -> PromptResult:
+    base, cand, twin = (outcomes[r].generation for r in ROLES)
+    return PromptResult(
+        entry=entry,
+        outcomes=outcomes,
+        candidate=None
+        if base is None or cand is None
+        else compare_generations(base, cand, epsilon),
+        aa=None if base is None or twin is None else compare_generations(base, twin, epsilon),
+    )
+
+
+def verdict_to_json(verdict: Verdict) -> dict:
+    return {
+        "status": verdict.status,
+        "reasons": [
+            {"rule": r.rule, "outcome": r.outcome, "message": r.message} for r in verdict.reasons
+        ],
+    }
+
+
+def _write_reports_quietly(store: Store, run_id: str, out_dir: str | None, enabled: bool) -> None:
+    """Best effort on the failure path: the run's status is already safe in the store."""
+    if not (enabled and out_dir):
+        return
+    with contextlib.suppress(Exception):  # never mask the original failure
+        write_report_files(store, run_id, Path(out_dir))

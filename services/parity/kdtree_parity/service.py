@@ -1,0 +1,316 @@
+"""The parity sidecar as an HTTP service (FastAPI).
+
+Targets come only from the service's configuration (environment, or a pairs file), never from
+the caller, so the service cannot be pointed at arbitrary hosts. ``POST /runs`` needs the bearer
+token from ``KDTREE_PARITY_TOKEN``; without a configured token it is refused outright. One run at
+a time per target pair (409 otherwise). Runs execute in the service's event loop; a service that
+restarts marks the runs it left behind as interrupted.
+
+Endpoints: ``POST /runs``, ``GET /runs``, ``GET /runs/{id}`` (status and progress),
+``GET /runs/{id}/report.json``, ``GET /runs/{id}/report.html``, ``GET /health``, ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from kdtree_parity.config import env_default
+from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
+from kdtree_parity.policy import PolicyError, load_policy
+from kdtree_parity.report import build_report, render_html
+from kdtree_parity.results import PromptResult
+from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.store import RunRecord, Store
+
+log = logging.getLogger("kdtree_parity.service")
+
+# Keys a caller might use to aim the service at its own hosts: refused with an explanation.
+TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "targets", "url", "urls"})
+REQUEST_KEYS = frozenset({"pair", "corpus"})
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """Everything the service needs, read once at start."""
+
+    token: str
+    pairs: dict[str, Targets]
+    corpus: str
+    policy: str
+    db: str
+    out: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ServiceSettings:
+        env = dict(environ)
+        pairs_file = env.get("KDTREE_PARITY_PAIRS", "")
+        if pairs_file:
+            pairs = load_pairs(Path(pairs_file))
+        else:
+            pairs = {
+                "default": Targets(
+                    env_default("BASELINE_URL", env),
+                    env_default("CANDIDATE_URL", env),
+                    env_default("REPLICA_URL", env) or None,
+                )
+            }
+        return cls(
+            token=env_default("TOKEN", env),
+            pairs=pairs,
+            corpus=env_default("CORPUS", env),
+            policy=env_default("POLICY", env),
+            db=env_default("DB", env),
+            out=env_default("OUT", env),
+        )
+
+
+def load_pairs(path: Path) -> dict[str, Targets]:
+    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?}``."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path}: expected a non-empty mapping of pair name -> targets")
+    pairs = {}
+    for name, spec in data.items():
+        if not isinstance(spec, dict) or not {"baseline", "candidate"} <= set(spec):
+            raise ValueError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
+        unknown = set(spec) - {"baseline", "candidate", "replica"}
+        if unknown:
+            raise ValueError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
+        pairs[str(name)] = Targets(spec["baseline"], spec["candidate"], spec.get("replica"))
+    return pairs
+
+
+@dataclass
+class _Live:
+    """In-memory progress of the runs this process is executing."""
+
+    tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    pair_of: dict[str, str] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.runs = Counter(
+            "kdtree_parity_runs_total",
+            "finished runs by status",
+            ["status"],
+            registry=self.registry,
+        )
+        self.running = Gauge(
+            "kdtree_parity_runs_running", "runs in progress", registry=self.registry
+        )
+        self.prompts = Counter(
+            "kdtree_parity_prompts_total",
+            "prompts replayed, by candidate-vs-baseline class",
+            ["klass"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "kdtree_parity_request_errors_total",
+            "failed requests (after retries) by role and kind",
+            ["role", "kind"],
+            registry=self.registry,
+        )
+
+    def record(self, result: PromptResult) -> None:
+        for role, outcome in result.outcomes.items():
+            if outcome.error is not None:
+                self.errors.labels(role, outcome.error.kind).inc()
+        c = result.candidate
+        klass = "error" if c is None else "exact" if c.exact else c.divergence_class or "hard"
+        self.prompts.labels(klass).inc()
+
+
+def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "status": record.status,
+        "pair": record.pair,
+        "progress": {
+            "done": live.done.get(record.id, record.prompts_ok),
+            "total": record.prompts_total,
+        },
+        "verdict": record.verdict,
+        "error": record.error,
+        "targets": {role: url for role, (url, _) in record.targets.items()},
+        "corpus": {"source": record.corpus_source, "sha256": record.corpus_sha256},
+        "policy": {"source": record.policy_source, "sha256": record.policy_sha256},
+        "links": {
+            "self": f"/runs/{record.id}",
+            "report_json": f"/runs/{record.id}/report.json",
+            "report_html": f"/runs/{record.id}/report.html",
+        },
+    }
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    """The service; ``settings`` are fixed for its lifetime."""
+    live = _Live()
+    metrics = _Metrics()
+    state: dict[str, Store] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.db)
+        orphans = store.mark_orphans_interrupted("the parity service restarted during the run")
+        if orphans:
+            log.warning(
+                "marked %d run(s) left running by a previous service as interrupted", orphans
+            )
+        state["store"] = store
+        try:
+            yield
+        finally:
+            for task in list(live.tasks.values()):
+                task.cancel()
+            for task in list(live.tasks.values()):
+                with contextlib.suppress(BaseException):
+                    await task
+            store.close()
+
+    app = FastAPI(title="kdtree parity sidecar", version="0.1.0", lifespan=lifespan)
+
+    def store() -> Store:
+        return state["store"]
+
+    def require_token(request: Request) -> None:
+        if not settings.token:
+            raise HTTPException(
+                403, "mutating endpoints are disabled: the service has no KDTREE_PARITY_TOKEN"
+            )
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            given.strip().encode(), settings.token.encode()
+        ):
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    def get_record(run_id: str) -> RunRecord:
+        try:
+            return store().get_run(run_id)
+        except KeyError:
+            raise HTTPException(404, f"no run {run_id}") from None
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "running": len(live.tasks), "pairs": sorted(settings.pairs)}
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/runs", status_code=202)
+    async def create_run(request: Request) -> JSONResponse:
+        require_token(request)
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise HTTPException(400, "the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise HTTPException(400, "the request body must be a JSON object")
+        aimed = sorted(TARGET_KEYS & set(body))
+        if aimed:
+            raise HTTPException(
+                400,
+                f"refused: {', '.join(aimed)} cannot be set by a caller; targets come from the "
+                f"service configuration (pairs: {', '.join(sorted(settings.pairs))})",
+            )
+        unknown = sorted(set(body) - REQUEST_KEYS)
+        if unknown:
+            raise HTTPException(400, f"unknown field(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
+        pair = body.get("pair", "default")
+        if pair not in settings.pairs:
+            raise HTTPException(404, f"no configured pair {pair!r}")
+        corpus_spec = body.get("corpus", settings.corpus)
+        if corpus_spec != settings.corpus and corpus_spec not in BUILTIN_CORPORA:
+            raise HTTPException(
+                400, f"corpus must be the configured one or a shipped name {BUILTIN_CORPORA}"
+            )
+        busy = [rid for rid, p in live.pair_of.items() if p == pair and rid in live.tasks]
+        if busy:
+            raise HTTPException(409, f"pair {pair!r} already has a run in progress: {busy[0]}")
+        try:
+            corpus = load_corpus(corpus_spec)
+            policy = load_policy(settings.policy)
+        except (CorpusError, PolicyError) as exc:
+            raise HTTPException(500, f"service misconfigured: {exc}") from None
+        run_id = start_run(
+            store(), corpus, policy, settings.pairs[pair], pair=pair, out_dir=settings.out
+        )
+        live.pair_of[run_id] = pair
+        live.done[run_id] = 0
+        metrics.running.inc()
+
+        def progress(done: int, _total: int, result: PromptResult | None) -> None:
+            live.done[run_id] = done
+            if result is not None:
+                metrics.record(result)
+
+        async def run() -> None:
+            status = "error"
+            try:
+                outcome = await execute_run(store(), run_id, progress=progress)
+                status = outcome.status
+            except asyncio.CancelledError:
+                status = "interrupted"
+                raise
+            except Exception:
+                log.exception("run %s crashed", run_id)
+            finally:
+                metrics.running.dec()
+                metrics.runs.labels(status).inc()
+                live.tasks.pop(run_id, None)
+
+        live.tasks[run_id] = asyncio.create_task(run(), name=f"parity-run-{run_id}")
+        return JSONResponse(_run_json(store().get_run(run_id), live), status_code=202)
+
+    @app.get("/runs")
+    async def list_runs(limit: int = 50) -> list[dict[str, Any]]:
+        return [_run_json(r, live) for r in store().list_runs(min(max(limit, 1), 500))]
+
+    @app.get("/runs/{run_id}")
+    async def get_run(run_id: str) -> dict[str, Any]:
+        return _run_json(get_record(run_id), live)
+
+    @app.get("/runs/{run_id}/report.json")
+    async def report_json(run_id: str) -> JSONResponse:
+        get_record(run_id)
+        return JSONResponse(build_report(store(), run_id).model_dump(mode="json"))
+
+    @app.get("/runs/{run_id}/report.html")
+    async def report_html(run_id: str) -> HTMLResponse:
+        get_record(run_id)
+        return HTMLResponse(render_html(build_report(store(), run_id)))
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """For ``uvicorn kdtree_parity.service:app_from_env --factory``."""
+    import os
+
+    return create_app(ServiceSettings.from_env(os.environ))
