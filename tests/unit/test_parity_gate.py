@@ -1,0 +1,131 @@
+"""Aggregation and the verdict: every rule, judged against A/A noise."""
+
+from __future__ import annotations
+
+import pytest
+from parity_factories import exact, failed, generation, hard, near_tie, ok, result
+
+from kdtree_parity.gate import decide, summarize
+from kdtree_parity.policy import GateSettings
+
+GATE = GateSettings(
+    min_prompts=4,
+    max_hard_divergences=0,
+    min_exact_match_rate=0.5,
+    max_excess_divergence_rate=0.5,
+    max_logprob_drift_p99=0.1,
+)
+
+
+def outcome_of(verdict, rule: str) -> str:
+    return next(r.outcome for r in verdict.reasons if r.rule == rule)
+
+
+def test_all_exact_passes_with_every_rule_listed() -> None:
+    results = [exact(f"p{i}") for i in range(5)]
+    verdict = decide(summarize(results, 5), GATE)
+    assert verdict.status == "pass"
+    assert {r.rule for r in verdict.reasons} == {
+        "complete",
+        "baseline_errors",
+        "candidate_reachable",
+        "candidate_errors",
+        "min_prompts",
+        "aa_exact",
+        "hard_divergences",
+        "exact_match_rate",
+        "excess_divergence_rate",
+        "logprob_drift_p99",
+    }
+    assert all(r.outcome == "pass" for r in verdict.reasons)
+
+
+def test_one_hard_divergence_fails_and_names_the_prompt() -> None:
+    results = [exact("p0"), exact("p1"), exact("p2"), hard("bad-7")]
+    summary = summarize(results, 4)
+    assert summary.candidate.hard == 1 and summary.candidate.hard_prompt_ids == ("bad-7",)
+    assert summary.candidate.divergence_positions == (2,)
+    verdict = decide(summary, GATE)
+    assert verdict.status == "fail"
+    failing = {r.rule: r.message for r in verdict.failing}
+    assert set(failing) == {"hard_divergences"}
+    assert "bad-7" in failing["hard_divergences"]
+
+
+def test_near_ties_are_tolerated_within_rate_thresholds() -> None:
+    results = [exact("p0"), exact("p1"), exact("p2"), near_tie("tie")]
+    summary = summarize(results, 4)
+    assert summary.candidate.near_tie == 1 and summary.candidate.hard == 0
+    assert decide(summary, GATE).status == "pass"
+    strict = GATE.model_copy(update={"min_exact_match_rate": 0.9})
+    verdict = decide(summary, strict)
+    assert verdict.status == "fail"
+    assert outcome_of(verdict, "exact_match_rate") == "fail"
+
+
+def test_candidate_is_judged_by_excess_over_aa_noise() -> None:
+    # Baseline and its twin disagree on one prompt (noise); the candidate differs on the same one.
+    base = ok(generation([1, 2, 3, 5], alt=4))
+    twin = ok(generation([1, 2, 4, 5], alt=3))
+    noisy = [result("noisy", base, twin, aa=twin)] + [exact(f"p{i}") for i in range(4)]
+    summary = summarize(noisy, 5)
+    assert summary.aa.diverged == 1 and summary.candidate.diverged == 1
+    assert summary.excess_divergence_rate == pytest.approx(0.0)
+    # By default a non-deterministic baseline makes the run undecidable, not a pass.
+    verdict = decide(summary, GATE)
+    assert verdict.status == "error" and outcome_of(verdict, "aa_exact") == "undecided"
+    allowed = GATE.model_copy(update={"allow_aa_divergence": True, "max_excess_divergence_rate": 0})
+    assert decide(summary, allowed).status == "pass"
+
+
+def test_hard_divergences_count_in_excess_of_aa() -> None:
+    base = ok(generation([1, 2, 3, 4]))
+    other = ok(generation([1, 2, 9, 9]))
+    results = [result("h", base, other, aa=other)] + [exact(f"p{i}") for i in range(4)]
+    summary = summarize(results, 5)
+    assert summary.candidate.hard == 1 and summary.aa.hard == 1 and summary.excess_hard == 0
+    allowed = GATE.model_copy(update={"allow_aa_divergence": True})
+    assert outcome_of(decide(summary, allowed), "hard_divergences") == "pass"
+
+
+def test_logprob_drift_beyond_aa_fails() -> None:
+    drifted = result("d", ok(generation([1, 2, 3], -0.1)), ok(generation([1, 2, 3], -0.4)))
+    results = [drifted] + [exact(f"p{i}") for i in range(4)]
+    summary = summarize(results, 5)
+    assert summary.candidate.exact == 5
+    assert summary.candidate.drift.max == pytest.approx(0.3)
+    verdict = decide(summary, GATE)
+    assert verdict.status == "fail"
+    assert [r.rule for r in verdict.failing] == ["logprob_drift_p99"]
+
+
+def test_incomplete_run_is_an_error_never_a_pass() -> None:
+    results = [exact(f"p{i}") for i in range(5)]
+    assert decide(summarize(results, 6), GATE).status == "error"
+    verdict = decide(summarize(results, 5), GATE, aborted_because="candidate died")
+    assert verdict.status == "error"
+    assert "candidate died" in next(r.message for r in verdict.reasons if r.rule == "complete")
+
+
+def test_transport_errors_are_undecided_and_refusals_fail() -> None:
+    g = ok(generation([1, 2]))
+    base_down = [result("x", failed("connect"), g)] + [exact(f"p{i}") for i in range(4)]
+    verdict = decide(summarize(base_down, 5), GATE)
+    assert verdict.status == "error" and outcome_of(verdict, "baseline_errors") == "undecided"
+
+    cand_down = [result("x", g, failed("timeout"))] + [exact(f"p{i}") for i in range(4)]
+    verdict = decide(summarize(cand_down, 5), GATE)
+    assert verdict.status == "error" and outcome_of(verdict, "candidate_reachable") == "undecided"
+
+    refused = [result("x", g, failed("http", 500))] + [exact(f"p{i}") for i in range(4)]
+    summary = summarize(refused, 5)
+    assert summary.errors["candidate"] == {"http": 1} and summary.prompts_compared == 4
+    verdict = decide(summary, GATE)
+    assert verdict.status == "fail" and outcome_of(verdict, "candidate_errors") == "fail"
+    lenient = GATE.model_copy(update={"max_candidate_errors": 1})
+    assert decide(summary, lenient).status == "pass"
+
+
+def test_too_few_compared_prompts_is_undecided() -> None:
+    verdict = decide(summarize([exact("p0"), exact("p1")], 2), GATE)
+    assert verdict.status == "error" and outcome_of(verdict, "min_prompts") == "undecided"

@@ -1,0 +1,185 @@
+"""Corpus and policy validation (every error with its line number), the shipped corpora and
+policies, and the parser of SGLang's /generate response."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kdtree_parity.corpus import CorpusError, load_corpus, parse_corpus
+from kdtree_parity.generation import MalformedResponse, parse_generate_response
+from kdtree_parity.policy import PolicyError, load_policy, parse_policy
+
+
+def test_corpus_errors_name_every_bad_line() -> None:
+    data = "\n".join(
+        [
+            '{"id": "ok-1", "text": "hello"}',
+            "",
+            '{"id": "bad-json", "text": ',
+            '{"id": "both", "text": "x", "input_ids": [1]}',
+            '{"text": "no id"}',
+            '{"id": "ok-1", "text": "again"}',
+            '{"id": "ids", "input_ids": [1, -2]}',
+            '{"id": "mnt", "text": "x", "max_new_tokens": 0, "colour": "red"}',
+            '["not", "an", "object"]',
+            '{"id": "tags", "text": "x", "tags": "code"}',
+        ]
+    ).encode()
+    with pytest.raises(CorpusError) as info:
+        parse_corpus(data, source="c.jsonl")
+    lines = Counter(line for line, _ in info.value.problems)
+    assert sorted(lines) == [3, 4, 5, 6, 7, 8, 9, 10]
+    text = str(info.value)
+    assert "c.jsonl:3: invalid JSON" in text
+    assert "c.jsonl:4: exactly one of 'text' or 'input_ids'" in text
+    assert "c.jsonl:5: 'id' must be a non-empty string" in text
+    assert "c.jsonl:6: duplicate id 'ok-1' (first on line 1)" in text
+    assert "c.jsonl:7: 'input_ids' must be" in text
+    assert "c.jsonl:8: unknown key(s) colour" in text and "c.jsonl:8: 'max_new_tokens'" in text
+    assert "c.jsonl:9: expected a JSON object" in text
+    assert "c.jsonl:10: 'tags' must be" in text
+
+
+def test_corpus_rejects_empty_and_non_utf8() -> None:
+    with pytest.raises(CorpusError, match="no entries"):
+        parse_corpus(b"\n\n")
+    with pytest.raises(CorpusError, match=":2: not valid UTF-8"):
+        parse_corpus(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "\xff"}\n')
+
+
+def test_corpus_keeps_entries_and_hash(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    raw = b'{"id": "a", "text": "x", "tags": ["t"], "max_new_tokens": 4}\n{"id": "b", "input_ids": [1, 2]}\n'
+    path.write_bytes(raw)
+    corpus = load_corpus(path)
+    assert [e.id for e in corpus.entries] == ["a", "b"]
+    assert corpus.entries[0].max_new_tokens == 4 and corpus.entries[1].input_ids == (1, 2)
+    assert corpus.entries[1].line == 2 and corpus.raw == raw
+    import hashlib
+
+    assert corpus.sha256 == hashlib.sha256(raw).hexdigest()
+    with pytest.raises(CorpusError, match="no such file"):
+        load_corpus(tmp_path / "missing.jsonl")
+
+
+def test_shipped_default_corpus_covers_what_a_gate_needs() -> None:
+    corpus = load_corpus("default")
+    assert len(corpus) >= 200
+    tags = Counter(t for e in corpus.entries for t in e.tags)
+    assert tags["code"] >= 30 and tags["math"] >= 30 and tags["prose"] >= 30
+    languages = {t for t in tags if t.startswith("lang:")}
+    assert len(languages) >= 8
+    long_entries = [e for e in corpus.entries if "long" in e.tags]
+    assert len(long_entries) >= 3 and all(len(e.text or "") > 2000 for e in long_entries)
+
+
+def test_shipped_short_corpus_fits_the_short_policy() -> None:
+    corpus = load_corpus("short")
+    policy = load_policy("short").policy
+    assert policy.gate.min_prompts <= len(corpus) <= 40
+
+
+def test_shipped_policies_parse() -> None:
+    default = load_policy("default")
+    assert default.policy.gate.max_hard_divergences == 0
+    assert default.policy.gate.min_prompts <= len(load_corpus("default"))
+    assert len(default.sha256) == 64
+
+
+def test_policy_errors_carry_yaml_line_numbers() -> None:
+    text = "\n".join(
+        [
+            "replay:",
+            "  concurrency: 4",
+            "  timeout_s: -1",
+            "gate:",
+            "  min_prompts: many",
+            "  max_hard_divergence: 0",
+            "compare:",
+            "  near_tie_epsilon: 0.1",
+        ]
+    )
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, source="p.yaml")
+    problems = dict(info.value.problems)
+    assert "replay.timeout_s" in problems[3]
+    assert "gate.min_prompts" in problems[5]
+    assert "gate.max_hard_divergence" in problems[6] and "Extra inputs" in problems[6]
+
+
+def test_policy_rejects_bad_yaml_and_non_mappings() -> None:
+    with pytest.raises(PolicyError, match=r"p.yaml:3: invalid YAML"):
+        parse_policy("gate:\n  min_prompts: 1\n\tmax_hard_divergences: 0\n", source="p.yaml")
+    with pytest.raises(PolicyError, match="YAML mapping"):
+        parse_policy("- a\n- b\n")
+    assert parse_policy("").policy.gate.max_hard_divergences == 0
+
+
+def sglang_body(ids: list[int], top: int = 2) -> dict:
+    return {
+        "text": "xy",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "r",
+            "finish_reason": {"type": "length", "length": len(ids)},
+            "output_token_logprobs": [[-0.1 * (i + 1), t, chr(t)] for i, t in enumerate(ids)],
+            "output_top_logprobs": [
+                [[-0.1 * (i + 1), t, chr(t)], [-2.0, t + 1, None]][:top] for i, t in enumerate(ids)
+            ],
+        },
+    }
+
+
+def test_parses_sglang_generate_response() -> None:
+    g = parse_generate_response(sglang_body([120, 121]))
+    assert g.output_ids == (120, 121) and g.finish_reason == "length"
+    assert g.token_logprobs == pytest.approx((-0.1, -0.2))
+    assert g.token_texts == ("x", "y")
+    assert g.top_map(1) == {121: pytest.approx(-0.2), 122: -2.0}
+    assert g.top_map(5) is None
+    from kdtree_parity.generation import Generation
+
+    assert Generation.from_json(json.loads(json.dumps(g.to_json()))) == g
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b.pop("output_ids"), "output_ids"),
+        (lambda b: b.pop("meta_info"), "meta_info"),
+        (lambda b: b["meta_info"].pop("output_token_logprobs"), "return_logprob"),
+        (lambda b: b["meta_info"]["output_token_logprobs"].pop(), "1 output_token_logprobs for 2"),
+        (lambda b: b["meta_info"]["output_token_logprobs"][0].__setitem__(1, 5), "is for token 5"),
+        (lambda b: b["meta_info"].pop("output_top_logprobs"), "output_top_logprobs"),
+        (lambda b: b["meta_info"]["output_top_logprobs"][0][0].__setitem__(0, "x"), "number"),
+    ],
+)
+def test_malformed_responses_are_named(mutate, message: str) -> None:
+    body = sglang_body([120, 121])
+    mutate(body)
+    with pytest.raises(MalformedResponse, match=message):
+        parse_generate_response(body)
+
+
+def test_null_top_logprobs_position_is_kept_as_unknown() -> None:
+    body = sglang_body([120, 121])
+    body["meta_info"]["output_top_logprobs"][0] = None
+    g = parse_generate_response(body)
+    assert g.top_map(0) is None and g.top_map(1) is not None
+
+
+def test_importing_kdtree_parity_does_not_import_torch() -> None:
+    code = (
+        "import sys, kdtree_parity.cli, kdtree_parity.service, kdtree_parity.runner, "
+        "kdtree_parity.report; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'sglang', 'kdtree_inference', 'kdtree_verify')); print(bad); "
+        "sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,174 @@
+"""SQLite persistence (results, resume, crashed owners) and the JSON/HTML/Markdown reports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from parity_factories import exact, failed, generation, hard, near_tie, ok, result
+
+from kdtree_parity.corpus import parse_corpus
+from kdtree_parity.gate import decide, summarize
+from kdtree_parity.policy import parse_policy
+from kdtree_parity.report import (
+    build_report,
+    render_html,
+    render_markdown,
+    report_json,
+    write_report_files,
+)
+from kdtree_parity.report.schema import Report
+from kdtree_parity.runner import Targets, execute_run, start_run, verdict_to_json
+from kdtree_parity.store import Store
+
+POLICY_TEXT = "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n"
+
+
+def corpus_bytes(ids: list[str]) -> bytes:
+    return "".join(json.dumps({"id": i, "text": f"prompt {i}"}) + "\n" for i in ids).encode()
+
+
+def new_run(store: Store, ids: list[str], baseline: str = "http://127.0.0.1:1") -> str:
+    corpus = parse_corpus(corpus_bytes(ids), source="unit.jsonl")
+    policy = parse_policy(POLICY_TEXT, source="unit.yaml")
+    return start_run(store, corpus, policy, Targets(baseline, "http://127.0.0.1:2"))
+
+
+def finish(store: Store, run_id: str, total: int) -> str:
+    gate = parse_policy(POLICY_TEXT).policy.gate
+    verdict = decide(summarize(store.results(run_id), total), gate)
+    status = {"pass": "passed", "fail": "failed", "error": "error"}[verdict.status]
+    store.finish_run(run_id, status, verdict=verdict_to_json(verdict))
+    return status
+
+
+def test_results_persist_and_reload_identically(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite3"
+    store = Store(db)
+    run_id = new_run(store, ["a", "b", "c"])
+    saved = [exact("a"), hard("b"), near_tie("c")]
+    for i, r in enumerate(saved):
+        store.save_result(run_id, i, r)
+    store.close()
+    again = Store(db)
+    assert again.results(run_id) == saved
+    record = again.get_run(run_id)
+    assert record.status == "running" and record.prompts_ok == 3 and record.prompts_total == 3
+    assert record.targets["aa"][0] == record.targets["baseline"][0] == "http://127.0.0.1:1"
+    assert finish(again, run_id, 3) == "failed"
+    assert again.get_run(run_id).verdict["status"] == "fail"
+
+
+def test_resume_replays_only_missing_and_errored_prompts(tmp_path: Path) -> None:
+    store = Store(tmp_path / "runs.sqlite3")
+    run_id = new_run(store, ["a", "b", "c"])
+    store.save_result(run_id, 0, exact("a"))
+    g = ok(generation([1]))
+    store.save_result(run_id, 1, result("b", failed("connect"), g))
+    store.finish_run(run_id, "interrupted", error="Ctrl-C")
+    assert store.completed_prompt_ids(run_id) == {"a"}
+    record = store.claim_for_resume(run_id)
+    assert record.status == "running" and record.error is None
+    with pytest.raises(ValueError, match="still running"):
+        store.claim_for_resume(run_id)
+    store.save_result(run_id, 1, exact("b"))  # the errored result is replaced
+    store.save_result(run_id, 2, exact("c"))
+    assert [r.entry.id for r in store.results(run_id)] == ["a", "b", "c"]
+    assert not any(r.has_error for r in store.results(run_id))
+    assert finish(store, run_id, 3) == "passed"
+    with pytest.raises(ValueError, match="already finished as passed"):
+        store.claim_for_resume(run_id)
+    with pytest.raises(KeyError):
+        store.claim_for_resume("no-such-run")
+
+
+def test_a_run_whose_process_died_reads_as_interrupted(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite3"
+    code = (
+        "import sys, json\n"
+        "from kdtree_parity.store import Store\n"
+        "s = Store(sys.argv[1])\n"
+        "rid = s.create_run(pair='p', targets={'baseline': 'u', 'candidate': 'v', 'aa': 'u'},"
+        " prompts_total=3, corpus_source='c', corpus_sha256='x', corpus_jsonl=b'', "
+        "policy_source='p', policy_sha256='y', policy_text='', out_dir=None)\n"
+        "print(rid)\n"
+        "import os; os._exit(9)  # die without finishing, like a crash or SIGKILL\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    run_id = done.stdout.strip()
+    store = Store(db)
+    record = store.get_run(run_id)
+    assert record.status == "interrupted"
+    assert "exited before the run finished" in record.error
+    report = build_report(store, run_id)
+    assert report.verdict.status == "error"
+    assert report.run.status == "interrupted"
+
+
+def test_unreachable_targets_end_in_error_with_a_report(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = Store(tmp_path / "runs.sqlite3")
+    corpus = parse_corpus(corpus_bytes(["a", "b"]), source="unit.jsonl")
+    policy = parse_policy("replay:\n  health_deadline_s: 0.3\n" + POLICY_TEXT)
+    run_id = start_run(
+        store,
+        corpus,
+        policy,
+        Targets(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
+        out_dir=str(tmp_path / "out"),
+    )
+    outcome = asyncio.run(execute_run(store, run_id))
+    assert outcome.status == "error" and outcome.verdict.status == "error"
+    assert "not healthy after 0.3s" in outcome.error
+    record = store.get_run(run_id)
+    assert record.status == "error"
+    data = json.loads((tmp_path / "out" / run_id / "report.json").read_text())
+    assert data["verdict"]["status"] == "error"
+
+
+def test_report_json_html_and_markdown(tmp_path: Path) -> None:
+    store = Store(tmp_path / "runs.sqlite3")
+    run_id = new_run(store, ["same", "tie", "broken", "lost"])
+    g = ok(generation([1, 2]))
+    for i, r in enumerate(
+        [exact("same"), near_tie("tie"), hard("broken"), result("lost", g, failed("http", 500))]
+    ):
+        store.save_result(run_id, i, r)
+    assert finish(store, run_id, 4) == "failed"
+    report = build_report(store, run_id)
+    # JSON: strict (no NaN), and it validates against the published schema.
+    text = report_json(report)
+    assert Report.model_validate_json(text) == report
+    data = json.loads(text)
+    assert data["schema_version"] == 1 and data["verdict"]["status"] == "fail"
+    statuses = {p["id"]: p["status"] for p in data["prompts"]}
+    assert statuses == {"same": "exact", "tie": "near_tie", "broken": "hard", "lost": "error"}
+    broken = next(p for p in data["prompts"] if p["id"] == "broken")
+    assert broken["candidate"]["first_divergence"] == 2
+    sides = {s["role"]: s for s in broken["sides"]}
+    assert [t["token_id"] for t in sides["baseline"]["top_at_divergence"]] == [3, 4]
+    assert data["summary"]["errors"]["candidate"] == {"http": 1}
+    assert data["corpus"]["sha256"] == store.get_run(run_id).corpus_sha256
+    # HTML: self-contained, verdict first, the hard prompt listed before the exact one.
+    html = render_html(report)
+    assert "Parity verdict: FAIL" in html
+    assert "<script" not in html and "http://" not in html.split("<h2>Targets</h2>")[0]
+    assert html.index('id="prompt-broken"') < html.index('id="prompt-same"')
+    assert 'class="tok div"' in html
+    assert "<rect" in html  # the divergence-position chart has bars
+    # Markdown for CI job pages.
+    md = render_markdown(report)
+    assert md.startswith("## Parity verdict:") and "FAIL" in md
+    assert "| `broken` | hard | 2 |" in md and "`lost` | error" in md
+    paths = write_report_files(store, run_id, tmp_path / "out")
+    assert sorted(p.name for p in paths.values()) == ["report.html", "report.json", "report.md"]
+    assert all(p.stat().st_size > 0 for p in paths.values())
+    assert not list((tmp_path / "out").rglob("*.tmp"))
