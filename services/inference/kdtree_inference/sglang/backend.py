@@ -1,0 +1,393 @@
+"""``KdtreeTritonAttnBackend``: SGLang's Triton attention backend with target verify on the kdtree
+kernel.
+
+It overrides three methods of SGLang 0.5.23's ``TritonAttnBackend`` and nothing else:
+
+- ``init_forward_metadata`` (eager) and ``init_forward_metadata_out_graph`` (CUDA-graph capture
+  and, before every replay, outside the graph): after the parent fills its metadata, a verify
+  forward is marshaled once for all layers (``marshal``), counted, the comparison window is
+  published every KDTREE_VALIDATE_EVERY steps, and the shadow step is selected;
+- ``forward_extend``: on a target-verify forward and a layer the kernel supports, the mode
+  decides; every other call (prefill, draft extend, unsupported layers) is the parent's, untouched.
+
+Modes (``modes``): ``off`` is the parent, bit for bit; ``validate`` runs the parent (which also
+saves the KV cache), then the kernel, records the difference on the device and returns the
+parent's output; ``on`` saves the KV cache as the parent does, returns the kernel's output and,
+with KDTREE_SHADOW_EVERY=N, runs the parent's Triton kernel on every Nth step for comparison.
+
+Fallbacks are counted per layer call by reason. Layer calls that CUDA-graph replays make never
+reach Python, so the routes taken while a graph is captured are remembered per batch size and
+counted again on each replay of that graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from kdtree_verify import VerifyInputError, validate_verify_inputs, verify_attention
+
+from .comparison import ComparisonRecorder, ShadowGate
+from .extension import kernel_status
+from .marshal import VerifyInputs, VerifyMarshal
+from .modes import VerifyMode, VerifySettings
+from .telemetry import VerifyTelemetry
+
+logger = logging.getLogger("kdtree.verify")
+
+QK_HEAD_DIM = 576
+V_HEAD_DIM = 512
+KERNEL_ROUTE = "kernel"
+# dtypes the kernel computes in, per device type (the CPU op also runs float32, which is what the
+# CPU tests compare against SGLang's interpreted Triton kernel).
+KERNEL_DTYPES = {
+    "cuda": (torch.bfloat16, torch.float16),
+    "cpu": (torch.float32, torch.bfloat16, torch.float16),
+}
+
+
+class KdtreeTritonAttnBackend(TritonAttnBackend):
+    """SGLang's "triton" attention backend, with target verify served per KDTREE_VERIFY."""
+
+    def __init__(self, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model_runner, *args, **kwargs)
+        self._init_kdtree(model_runner)
+
+    # ----------------------------------------------------------------------------- set-up
+
+    def _init_kdtree(
+        self,
+        model_runner: Any,
+        settings: VerifySettings | None = None,
+        registry: Any | None = None,
+    ) -> None:
+        """Our state, after the parent's ``__init__`` (separate so tests can build the parent
+        part from stand-ins). ``settings`` default to the environment's."""
+        self.kdtree_settings = settings = settings or VerifySettings.from_env()
+        self.kdtree_device = torch.device(self.device)
+        # A draft model's runner never runs target verify; keep it stock whatever the mode.
+        self.kdtree_active = settings.mode is not VerifyMode.OFF and not getattr(
+            model_runner, "is_draft_worker", False
+        )
+        if self.kdtree_active:
+            status = kernel_status(self.kdtree_device)
+            if not status.usable:
+                raise RuntimeError(
+                    f"KDTREE_VERIFY={settings.mode.value} needs the kdtree verify kernel, but "
+                    f"{status.detail}. Set KDTREE_VERIFY=off to serve with SGLang's Triton "
+                    "kernel only."
+                )
+        self.kdtree_telemetry = VerifyTelemetry(
+            settings, tp_rank=getattr(model_runner, "tp_rank", 0), registry=registry
+        )
+        pool = self.token_to_kv_pool
+        compares = self.kdtree_active and settings.compares
+        self.kdtree_recorder = (
+            ComparisonRecorder(
+                num_layers=pool.layer_num,
+                first_layer_id=getattr(pool, "start_layer", 0) or 0,
+                device=self.kdtree_device,
+                atol=settings.atol,
+                rtol=settings.rtol,
+            )
+            if compares
+            else None
+        )
+        self.kdtree_shadow_gate = (
+            ShadowGate(self.req_to_token_pool.size, self.kdtree_device)
+            if self.kdtree_active and settings.mode is VerifyMode.ON and settings.shadow_every
+            else None
+        )
+        self.kdtree_marshal = VerifyMarshal(self.kdtree_device, self.num_head, pool.dtype)
+        # batch size of a captured verify graph -> the inputs its kernel calls reference.
+        self._kdtree_graph_inputs: dict[int, VerifyInputs] = {}
+        self.kdtree_step = 0
+        self._kdtree_phase = "eager"  # or "capture": set by each verify forward's metadata
+        self._kdtree_capture_key: int | None = None
+        self._kdtree_shadow_now = False
+        # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
+        self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
+        self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+        logger.info(
+            "kdtree verify backend (%s): %s",
+            "draft runner, stock" if getattr(model_runner, "is_draft_worker", False) else "target",
+            settings.describe(),
+        )
+
+    # ---------------------------------------------------------------- per-forward metadata
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        super().init_forward_metadata(forward_batch)
+        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+            self._kdtree_begin_forward(phase="eager", batch_size=None)
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+            self._kdtree_begin_forward(
+                phase="capture" if in_capture else "replay",
+                batch_size=len(forward_batch.req_pool_indices),
+            )
+
+    def _kdtree_begin_forward(self, phase: str, batch_size: int | None) -> None:
+        """Once per verify forward, after the parent's metadata: marshal, count, publish, gate."""
+        if phase in ("eager", "capture"):
+            metadata = self.forward_metadata
+            metadata.kdtree_inputs = self.kdtree_marshal.build(metadata)
+            if phase == "capture":
+                self._kdtree_graph_inputs[batch_size] = metadata.kdtree_inputs
+            if self.kdtree_shadow_gate is not None and phase == "capture":
+                batch = metadata.qo_indptr.shape[0]
+                metadata.kdtree_shadow_metadata = dataclasses.replace(
+                    metadata,
+                    qo_indptr=self.kdtree_shadow_gate.qo_indptr[:batch],
+                    kv_indptr=self.kdtree_shadow_gate.kv_indptr[:batch],
+                )
+        self._kdtree_phase = "capture" if phase == "capture" else "eager"
+        if phase == "capture":
+            # Capture runs (warm-ups included) are not serving steps: record routes only.
+            self._kdtree_capture_key = batch_size
+            self._kdtree_graph_routes[batch_size] = {}
+            if self.kdtree_shadow_gate is not None:
+                self.kdtree_shadow_gate.set(False, self.qo_indptr[:1], self.kv_indptr[:1])
+            return
+
+        self.kdtree_step += 1
+        self.kdtree_telemetry.verify_steps()
+        shadow_every = self.kdtree_settings.shadow_every
+        self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
+        if phase == "replay":
+            self._kdtree_refresh_plan(batch_size)
+            self._kdtree_count_replay(batch_size)
+            if self.kdtree_shadow_gate is not None:
+                rows = batch_size + 1
+                self.kdtree_shadow_gate.set(
+                    self._kdtree_shadow_now, self.qo_indptr[:rows], self.kv_indptr[:rows]
+                )
+        self._kdtree_publish()
+
+    def _kdtree_refresh_plan(self, batch_size: int) -> None:
+        """Re-plan the captured kernel calls from the static buffers the parent just refilled."""
+        captured = self._kdtree_graph_inputs.get(batch_size)
+        if captured is None or captured.plan is None:
+            return
+        rows = batch_size + 1
+        self.kdtree_marshal.refresh(
+            batch_size,
+            captured.total_tokens,
+            self.qo_indptr[:rows],
+            self.kv_indptr[:rows],
+            self.mask_indptr[:rows] if captured.mask_indptr is not None else None,
+        )
+
+    def _kdtree_count_replay(self, batch_size: int) -> None:
+        routes = self._kdtree_graph_routes.get(batch_size)
+        if routes is None:
+            logger.debug("kdtree: replay of a verify graph (bs=%d) captured before us", batch_size)
+            return
+        for route in routes.values():
+            if route == KERNEL_ROUTE:
+                self.kdtree_telemetry.kernel_calls()
+            else:
+                self.kdtree_telemetry.fallbacks(route)
+
+    def _kdtree_publish(self) -> None:
+        """Outside any graph: report a finished snapshot; start a new one every N steps."""
+        recorder = self.kdtree_recorder
+        if recorder is None:
+            return
+        stats = recorder.collect()
+        if stats is not None:
+            self.kdtree_telemetry.publish(self.kdtree_step, stats)
+        if self.kdtree_step % self.kdtree_settings.validate_every == 0:
+            recorder.snapshot()
+
+    def kdtree_flush(self) -> None:
+        """Publish what has been recorded so far (waits for the device; not for the hot path)."""
+        recorder = self.kdtree_recorder
+        if recorder is None:
+            return
+        recorder.snapshot()
+        if self.kdtree_device.type == "cuda":
+            torch.cuda.synchronize(self.kdtree_device)
+        stats = recorder.collect()
+        if stats is not None:
+            self.kdtree_telemetry.publish(self.kdtree_step, stats)
+
+    # ------------------------------------------------------------------------- per layer
+
+    def _kdtree_unsupported_reason(
+        self, q: torch.Tensor, k: Any, v: Any, layer: Any, sinks: Any, score_mod: Any, aux: Any
+    ) -> str | None:
+        """Why the kernel cannot serve this layer call, or None if it can."""
+        if k is None or v is None:
+            return "no_draft_kv"
+        if sinks is not None:
+            return "sinks"
+        if score_mod is not None or aux is not None:
+            return "score_mod"
+        key = (layer.layer_id, q.dtype)
+        if key not in self._kdtree_reason_cache:
+            self._kdtree_reason_cache[key] = self._kdtree_layer_reason(q.dtype, layer)
+        return self._kdtree_reason_cache[key]
+
+    def _kdtree_layer_reason(self, dtype: torch.dtype, layer: Any) -> str | None:
+        if not (
+            self.use_mla
+            and layer.qk_head_dim == QK_HEAD_DIM
+            and layer.v_head_dim == V_HEAD_DIM
+            and layer.tp_k_head_num == 1
+        ):
+            return "non_mla"
+        if self.dllm_attention is not None:
+            return "dllm"
+        if self.dcp_size > 1:
+            return "dcp"
+        if self.page_size > 1:
+            return "page_size"
+        kv_dtype = self.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype
+        if layer.k_scale is not None or kv_dtype != dtype:
+            return "fp8_kv"
+        if self.use_sliding_window_kv_pool or (
+            layer.sliding_window_size is not None and layer.sliding_window_size > -1
+        ):
+            return "sliding_window"
+        if layer.logit_cap and layer.logit_cap > 0:
+            return "logit_cap"
+        if layer.xai_temperature_len is not None and layer.xai_temperature_len > 0:
+            return "xai_temperature"
+        if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+            return "non_causal"
+        if dtype not in KERNEL_DTYPES.get(self.kdtree_device.type, ()):
+            return "dtype"
+        return None
+
+    def _kdtree_note_route(self, layer_id: int, route: str) -> None:
+        if self._kdtree_phase == "capture":
+            self._kdtree_graph_routes[self._kdtree_capture_key][layer_id] = route
+        elif route == KERNEL_ROUTE:
+            self.kdtree_telemetry.kernel_calls()
+        else:
+            self.kdtree_telemetry.fallbacks(route)
+
+    def _kdtree_inputs(self) -> VerifyInputs:
+        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        if inputs is None:  # metadata built by a path that bypassed our hooks
+            inputs = self.kdtree_marshal.build(self.forward_metadata)
+            self.forward_metadata.kdtree_inputs = inputs
+        return inputs
+
+    def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
+        inputs = self._kdtree_inputs()
+        q = q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM)
+        args = (
+            q,
+            k.view(-1, 1, QK_HEAD_DIM),
+            v.view(-1, 1, V_HEAD_DIM),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            inputs.qo_indptr,
+            inputs.kv_indptr,
+            inputs.kv_indices,
+            inputs.custom_mask,
+            inputs.mask_indptr,
+            layer.scaling,
+        )
+        if inputs.plan is None:  # CPU: the op's front door runs the CPU implementation
+            out = verify_attention(*args)
+        else:  # CUDA: the kernel with this forward's plan, shared by every layer
+            from kdtree_verify.cuda import verify_attention_cuda
+
+            validate_verify_inputs(*args)  # shapes and dtypes only on CUDA: graph-safe
+            out = q.new_empty(q.shape[0], q.shape[1], V_HEAD_DIM)
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+            verify_attention_cuda(
+                *args, causal=inputs.custom_mask is None, out=out, lse=lse, plan=inputs.plan
+            )
+        return out.view(out.shape[0], -1)
+
+    def _kdtree_triton(self, q, k, v, layer, forward_batch, save_kv_cache: bool):
+        """The parent's computation; on a captured on-mode graph, gated by the shadow switch."""
+        shadow_metadata = getattr(self.forward_metadata, "kdtree_shadow_metadata", None)
+        if self._kdtree_phase != "capture" or shadow_metadata is None:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        metadata, self.forward_metadata = self.forward_metadata, shadow_metadata
+        try:
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        finally:
+            self.forward_metadata = metadata
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        sinks: Any = None,
+        score_mod: Any = None,
+        aux_tensors: Any = None,
+    ):
+        if not (self.kdtree_active and forward_batch.forward_mode.is_target_verify()):
+            return super().forward_extend(
+                q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors
+            )
+        reason = self._kdtree_unsupported_reason(q, k, v, layer, sinks, score_mod, aux_tensors)
+        if reason is not None:
+            self._kdtree_note_route(layer.layer_id, reason)
+            return super().forward_extend(
+                q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors
+            )
+        if self.kdtree_settings.mode is VerifyMode.VALIDATE:
+            return self._kdtree_validate(q, k, v, layer, forward_batch, save_kv_cache)
+        return self._kdtree_serve(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _kdtree_validate(self, q, k, v, layer, forward_batch, save_kv_cache):
+        served = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        try:
+            kernel_out = self._kdtree_kernel(q, k, v, layer)
+        except VerifyInputError:
+            logger.exception("kdtree: the verify op rejected layer %d's inputs", layer.layer_id)
+            self._kdtree_note_route(layer.layer_id, "invalid_inputs")
+            return served
+        self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
+        self.kdtree_recorder.record(layer.layer_id, kernel_out, served)
+        return served
+
+    def _kdtree_serve(self, q, k, v, layer, forward_batch, save_kv_cache):
+        if save_kv_cache:
+            # The parent's write for this case (no k_scale, no DCP, both checked above).
+            loc = KVWriteLoc.for_batch(
+                forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc
+            )
+            self._set_kv_buffer(forward_batch, layer, loc, k, v)
+        try:
+            kernel_out = self._kdtree_kernel(q, k, v, layer)
+        except VerifyInputError:
+            logger.exception("kdtree: the verify op rejected layer %d's inputs", layer.layer_id)
+            self._kdtree_note_route(layer.layer_id, "invalid_inputs")
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False)
+        self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
+        gate = self.kdtree_shadow_gate
+        if self.kdtree_recorder is not None and (
+            self._kdtree_shadow_now or (self._kdtree_phase == "capture" and gate is not None)
+        ):
+            triton_out = self._kdtree_triton(q, k, v, layer, forward_batch, save_kv_cache=False)
+            self.kdtree_recorder.record(
+                layer.layer_id,
+                kernel_out,
+                triton_out,
+                gate=gate.open if self._kdtree_phase == "capture" and gate is not None else None,
+            )
+        attn_out = getattr(forward_batch, "_attn_output", None)
+        if attn_out is not None:
+            attn_out.view_as(kernel_out).copy_(kernel_out)
+            return attn_out
+        return kernel_out

@@ -1,0 +1,118 @@
+"""SGLang's target-verify metadata -> the verify kernel's inputs, once per forward.
+
+The kernel takes SGLang's own layout (README, "The verify op"), so no metadata is copied: the
+inputs are references to the tensors SGLang's Triton backend keeps in ``forward_metadata``.
+Under CUDA graphs those are SGLang's static capture buffers (``kv_indptr``,
+``cuda_graph_kv_indices``, ``qo_indptr``, the uint8 verify-mask buffer, ``mask_indptr``), which
+``init_forward_metadata_out_graph`` refreshes before every replay.
+
+What is computed per forward is the kernel's schedule (``kdtree_verify.plan``): a ``VerifyPlan``
+per static shape (batch size, heads, draft tokens), allocated once outside any graph and
+``update``d once per forward from ``qo_indptr``/``kv_indptr`` by a small device kernel (no host
+sync, no allocation), then shared by every layer. Its workspace is bounded by the formula in
+``kdtree_verify.plan``.
+
+On CPU there is no plan; the one transformation is trimming ``kv_indices`` to ``kv_indptr[-1]``
+(SGLang's buffer may be longer: graph buffers are sized for the maximum context, eager ones may be
+over-allocated, and the CPU op checks the length exactly; reading ``kv_indptr[-1]`` is free there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    """The metadata arguments of the verify kernel for one verify forward."""
+
+    batch_size: int
+    total_tokens: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    custom_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    plan: Any | None = None  # kdtree_verify.plan.VerifyPlan on CUDA
+
+
+class MarshalError(ValueError):
+    """SGLang's metadata is not in the target-verify shape this backend relies on."""
+
+
+class VerifyMarshal:
+    """Builds :class:`VerifyInputs` per forward and owns the kernel plans (one per shape)."""
+
+    def __init__(self, device: torch.device, num_heads: int, dtype: torch.dtype) -> None:
+        self.device = torch.device(device)
+        self.num_heads = num_heads
+        self.dtype = dtype
+        self._plans: dict[tuple[int, int], Any] = {}
+
+    def _plan(self, batch_size: int, total_tokens: int) -> Any | None:
+        if self.device.type != "cuda":
+            return None
+        key = (batch_size, total_tokens)
+        plan = self._plans.get(key)
+        if plan is None:
+            from kdtree_verify.plan import make_plan
+
+            plan = make_plan(
+                batch_size, self.num_heads, total_tokens, self.device, dtype=self.dtype
+            )
+            self._plans[key] = plan
+        return plan
+
+    def build(self, metadata: Any) -> VerifyInputs:
+        """Inputs for a Triton ``ForwardMetadata`` of a target-verify forward (eager or capture).
+
+        Reads shapes and host fields only on CUDA, so it is safe before and during capture.
+        """
+        qo_indptr, kv_indptr = metadata.qo_indptr, metadata.kv_indptr
+        if qo_indptr is None or kv_indptr is None or metadata.kv_indices is None:
+            raise MarshalError("target-verify metadata lacks qo_indptr, kv_indptr or kv_indices")
+        batch_size = qo_indptr.shape[0] - 1
+        if kv_indptr.shape[0] != batch_size + 1:
+            raise MarshalError(
+                f"kv_indptr has {kv_indptr.shape[0]} entries but qo_indptr has {batch_size + 1}"
+            )
+        if not metadata.max_extend_len:
+            raise MarshalError("target-verify metadata has no max_extend_len (draft tokens)")
+        # On target verify every request has the same N draft tokens (qo_indptr = arange x N).
+        total_tokens = batch_size * int(metadata.max_extend_len)
+        kv_indices = metadata.kv_indices
+        if kv_indices.device.type == "cpu":
+            kv_indices = kv_indices[: int(kv_indptr[-1])]
+        custom_mask = metadata.custom_mask
+        mask_indptr = None
+        if custom_mask is not None:
+            mask_indptr = metadata.mask_indptr[: batch_size + 1]
+        plan = self._plan(batch_size, total_tokens)
+        if plan is not None:
+            plan.update(qo_indptr, kv_indptr, mask_indptr)
+        return VerifyInputs(
+            batch_size=batch_size,
+            total_tokens=total_tokens,
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            custom_mask=custom_mask,
+            mask_indptr=mask_indptr,
+            plan=plan,
+        )
+
+    def refresh(
+        self,
+        batch_size: int,
+        total_tokens: int,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        mask_indptr: torch.Tensor | None,
+    ) -> None:
+        """Before a graph replay: re-plan from the refreshed static metadata buffers."""
+        plan = self._plans.get((batch_size, total_tokens))
+        if plan is not None:
+            plan.update(qo_indptr, kv_indptr, mask_indptr)

@@ -1,0 +1,117 @@
+"""The backend's settings, read from the environment once, when the backend is constructed.
+
+=========================== ========= ===============================================================
+variable                    default   meaning
+=========================== ========= ===============================================================
+KDTREE_VERIFY               off       off: stock SGLang; validate: run both, serve Triton, measure the
+                                      difference; on: serve the kdtree kernel
+KDTREE_VALIDATE_EVERY       100       publish the comparison statistics every N verify steps
+KDTREE_SHADOW_EVERY         0         on mode: also run Triton and compare on every Nth verify step
+                                      (0 = never)
+KDTREE_VERIFY_ATOL          0.02      an element is over tolerance when |kernel - triton| >
+KDTREE_VERIFY_RTOL          0.02      atol + rtol * |triton|
+KDTREE_SHADOW_ERROR_STREAK  3         on mode: this many consecutive published windows over
+                                      tolerance log an error and count one shadow error
+=========================== ========= ===============================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class VerifyMode(enum.Enum):
+    OFF = "off"
+    VALIDATE = "validate"
+    ON = "on"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the backend cannot use; the message names it."""
+
+
+def _read_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r}: expected an integer >= {minimum}")
+    return value
+
+
+def _read_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r}: expected a non-negative number") from None
+    if not value >= 0.0:  # also rejects nan
+        raise SettingsError(f"{name}={raw!r}: expected a non-negative number")
+    return value
+
+
+def parse_mode(raw: str | None) -> VerifyMode:
+    """KDTREE_VERIFY's value (case-insensitive, empty = off) as a :class:`VerifyMode`."""
+    value = (raw or "").strip().lower() or VerifyMode.OFF.value
+    try:
+        return VerifyMode(value)
+    except ValueError:
+        allowed = "|".join(m.value for m in VerifyMode)
+        raise SettingsError(f"KDTREE_VERIFY={raw!r}: expected one of {allowed}") from None
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    mode: VerifyMode = VerifyMode.OFF
+    validate_every: int = 100
+    shadow_every: int = 0
+    atol: float = 0.02
+    rtol: float = 0.02
+    shadow_error_streak: int = 3
+
+    @property
+    def compares(self) -> bool:
+        """Whether any forward of this configuration runs the Triton-vs-kernel comparison."""
+        return self.mode is VerifyMode.VALIDATE or (
+            self.mode is VerifyMode.ON and self.shadow_every > 0
+        )
+
+    @property
+    def needs_kernel(self) -> bool:
+        return self.mode is not VerifyMode.OFF
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> VerifySettings:
+        """Read every setting; raise :class:`SettingsError` naming the first bad variable."""
+        env = os.environ if env is None else env
+        return cls(
+            mode=parse_mode(env.get("KDTREE_VERIFY")),
+            validate_every=_read_int(env, "KDTREE_VALIDATE_EVERY", cls.validate_every, 1),
+            shadow_every=_read_int(env, "KDTREE_SHADOW_EVERY", cls.shadow_every, 0),
+            atol=_read_float(env, "KDTREE_VERIFY_ATOL", cls.atol),
+            rtol=_read_float(env, "KDTREE_VERIFY_RTOL", cls.rtol),
+            shadow_error_streak=_read_int(
+                env, "KDTREE_SHADOW_ERROR_STREAK", cls.shadow_error_streak, 1
+            ),
+        )
+
+    def describe(self) -> str:
+        """One line for logs and the launcher banner."""
+        parts = [f"KDTREE_VERIFY={self.mode.value}"]
+        if self.compares:
+            parts.append(f"publish every {self.validate_every} verify steps")
+            parts.append(f"tolerance atol={self.atol:g} rtol={self.rtol:g}")
+        if self.mode is VerifyMode.ON:
+            parts.append(
+                f"shadow every {self.shadow_every} steps" if self.shadow_every else "no shadow"
+            )
+        return ", ".join(parts)

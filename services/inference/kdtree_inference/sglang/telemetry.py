@@ -1,0 +1,228 @@
+"""Prometheus metrics and the structured publish log line of the kdtree verify backend.
+
+The metrics live in the scheduler processes, where the backend runs. With SGLang's
+``--enable-metrics`` the launcher sets ``PROMETHEUS_MULTIPROC_DIR`` before spawning them, so
+``prometheus_client`` (imported here lazily, after that variable exists) writes every value to the
+shared directory and SGLang's own ``/metrics`` endpoint, which aggregates that directory, exposes
+them next to SGLang's. Without it they stay in the process's default registry.
+
+Metrics (every one labelled ``tp_rank``):
+
+=============================================== ======= =========================================
+name                                            type    meaning
+=============================================== ======= =========================================
+kdtree_verify_mode{mode}                        gauge   1 for the active KDTREE_VERIFY mode
+kdtree_verify_steps_total                       counter target-verify forwards seen
+kdtree_verify_kernel_calls_total                counter layer calls the kdtree kernel computed
+kdtree_verify_fallbacks_total{reason}           counter verify layer calls left to Triton, by why
+kdtree_verify_max_abs_error{layer}              gauge   max |kernel - triton| in the last window
+kdtree_verify_max_rel_error{layer}              gauge   max |kernel - triton| / (|triton| + atol)
+kdtree_verify_over_tolerance_total{layer}       counter output elements over tolerance
+kdtree_verify_compared_elements_total           counter output elements compared
+kdtree_verify_publishes_total                   counter comparison windows published
+kdtree_verify_shadow_errors_total               counter on mode: runs of KDTREE_SHADOW_ERROR_STREAK
+                                                        windows over tolerance
+=============================================== ======= =========================================
+
+One log line per publish, on logger ``kdtree.verify``: ``kdtree_verify_publish {json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .comparison import LayerStats
+from .modes import VerifyMode, VerifySettings
+
+logger = logging.getLogger("kdtree.verify")
+
+PUBLISH_EVENT = "kdtree_verify_publish"
+
+
+@dataclass
+class _Metrics:
+    mode: Any
+    steps: Any
+    kernel_calls: Any
+    fallbacks: Any
+    max_abs: Any
+    max_rel: Any
+    over_tolerance: Any
+    compared: Any
+    publishes: Any
+    shadow_errors: Any
+
+
+_METRICS_BY_REGISTRY: dict[int, _Metrics] = {}
+
+
+def _metrics(registry: Any | None) -> _Metrics:
+    """The metric objects of ``registry`` (default: prometheus_client's), created once."""
+    from prometheus_client import REGISTRY, Counter, Gauge
+
+    registry = REGISTRY if registry is None else registry
+    found = _METRICS_BY_REGISTRY.get(id(registry))
+    if found is not None:
+        return found
+    rank = ["tp_rank"]
+    made = _Metrics(
+        mode=Gauge(
+            "kdtree_verify_mode",
+            "1 for the active KDTREE_VERIFY mode of this scheduler",
+            ["mode", *rank],
+            registry=registry,
+            multiprocess_mode="livemax",
+        ),
+        steps=Counter(
+            "kdtree_verify_steps", "Target-verify forwards seen", rank, registry=registry
+        ),
+        kernel_calls=Counter(
+            "kdtree_verify_kernel_calls",
+            "Verify layer calls computed by the kdtree kernel",
+            rank,
+            registry=registry,
+        ),
+        fallbacks=Counter(
+            "kdtree_verify_fallbacks",
+            "Verify layer calls left to SGLang's Triton kernel, by reason",
+            ["reason", *rank],
+            registry=registry,
+        ),
+        max_abs=Gauge(
+            "kdtree_verify_max_abs_error",
+            "Max |kernel - triton| over the last published window",
+            ["layer", *rank],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ),
+        max_rel=Gauge(
+            "kdtree_verify_max_rel_error",
+            "Max |kernel - triton| / (|triton| + atol) over the last published window",
+            ["layer", *rank],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ),
+        over_tolerance=Counter(
+            "kdtree_verify_over_tolerance",
+            "Output elements where |kernel - triton| > atol + rtol * |triton|",
+            ["layer", *rank],
+            registry=registry,
+        ),
+        compared=Counter(
+            "kdtree_verify_compared_elements",
+            "Output elements compared between the kernel and Triton",
+            rank,
+            registry=registry,
+        ),
+        publishes=Counter(
+            "kdtree_verify_publishes", "Comparison windows published", rank, registry=registry
+        ),
+        shadow_errors=Counter(
+            "kdtree_verify_shadow_errors",
+            "On mode: runs of consecutive published windows over tolerance",
+            rank,
+            registry=registry,
+        ),
+    )
+    _METRICS_BY_REGISTRY[id(registry)] = made
+    return made
+
+
+@dataclass(frozen=True)
+class PublishSummary:
+    """What one publish reported (also the payload of its log line)."""
+
+    step: int
+    mode: str
+    layers: int
+    compared: int
+    over_tolerance: int
+    max_abs: float
+    max_rel: float
+    worst_layer: int | None
+    over_streak: int
+    shadow_error: bool
+
+
+class VerifyTelemetry:
+    """The backend's reporting: counters as things happen, comparison windows when published."""
+
+    def __init__(self, settings: VerifySettings, tp_rank: int = 0, registry: Any | None = None):
+        self.settings = settings
+        self.rank = str(tp_rank)
+        self._metrics = _metrics(registry)
+        self._over_streak = 0
+        for mode in VerifyMode:
+            self._metrics.mode.labels(mode=mode.value, tp_rank=self.rank).set(
+                1 if mode is settings.mode else 0
+            )
+
+    def verify_steps(self, count: int = 1) -> None:
+        self._metrics.steps.labels(tp_rank=self.rank).inc(count)
+
+    def kernel_calls(self, count: int = 1) -> None:
+        if count:
+            self._metrics.kernel_calls.labels(tp_rank=self.rank).inc(count)
+
+    def fallbacks(self, reason: str, count: int = 1) -> None:
+        if count:
+            self._metrics.fallbacks.labels(reason=reason, tp_rank=self.rank).inc(count)
+
+    def publish(self, step: int, stats: Iterable[LayerStats]) -> PublishSummary | None:
+        """Report one comparison window; returns None (and reports nothing) if nothing compared."""
+        stats = [s for s in stats if s.compared > 0]
+        if not stats:
+            return None
+        m = self._metrics
+        for s in stats:
+            layer = str(s.layer_id)
+            m.max_abs.labels(layer=layer, tp_rank=self.rank).set(s.max_abs)
+            m.max_rel.labels(layer=layer, tp_rank=self.rank).set(s.max_rel)
+            if s.over_tolerance:
+                m.over_tolerance.labels(layer=layer, tp_rank=self.rank).inc(s.over_tolerance)
+        compared = sum(s.compared for s in stats)
+        over = sum(s.over_tolerance for s in stats)
+        m.compared.labels(tp_rank=self.rank).inc(compared)
+        m.publishes.labels(tp_rank=self.rank).inc()
+        # NaN must win the "worst" comparison: it is the worst thing a kernel can produce.
+        worst = max(stats, key=lambda s: float("inf") if s.max_abs != s.max_abs else s.max_abs)
+
+        self._over_streak = self._over_streak + 1 if over else 0
+        shadow_error = (
+            self.settings.mode is VerifyMode.ON
+            and self._over_streak > 0
+            and self._over_streak % self.settings.shadow_error_streak == 0
+        )
+        if shadow_error:
+            m.shadow_errors.labels(tp_rank=self.rank).inc()
+        summary = PublishSummary(
+            step=step,
+            mode=self.settings.mode.value,
+            layers=len(stats),
+            compared=compared,
+            over_tolerance=over,
+            max_abs=worst.max_abs,
+            max_rel=max(s.max_rel for s in stats),
+            worst_layer=worst.layer_id,
+            over_streak=self._over_streak,
+            shadow_error=shadow_error,
+        )
+        line = f"{PUBLISH_EVENT} {json.dumps(summary.__dict__, allow_nan=True)}"
+        if shadow_error:
+            logger.error(
+                "%s; the kdtree kernel disagreed with Triton beyond tolerance in %d consecutive "
+                "windows (atol=%g rtol=%g)",
+                line,
+                self._over_streak,
+                self.settings.atol,
+                self.settings.rtol,
+            )
+        elif over:
+            logger.warning(line)
+        else:
+            logger.info(line)
+        return summary

@@ -1,0 +1,371 @@
+"""KdtreeTritonAttnBackend against SGLang 0.5.23's real TritonAttnBackend, on CPU.
+
+Both backends run SGLang's own metadata code (eager ``init_forward_metadata`` and the CUDA-graph
+path ``init_cuda_graph_state`` / ``init_forward_metadata_out_graph``) over SGLang's real MLA KV
+pool, and the stock path runs SGLang's Triton ``extend_attention_fwd`` in Triton's interpreter
+(float32; tests/conftest.py sets TRITON_INTERPRET=1). ``on`` runs kdtree's CPU op. How the backend
+is assembled from stand-ins is described in ``kdtree_inference.sglang.testing``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip(
+        "SGLang's Triton kernels run interpreted only on a CPU machine (tests/gpu covers CUDA)",
+        allow_module_level=True,
+    )
+
+from prometheus_client import CollectorRegistry
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from kdtree_inference.sglang import testing
+from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
+from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
+from kdtree_inference.sglang.telemetry import PUBLISH_EVENT
+
+HEADS = 2
+DRAFT = 3
+PREFIXES = [5, 17]
+LAYERS = [0, 1]
+ELEMENTS_PER_LAYER = len(PREFIXES) * DRAFT * HEADS * 512
+
+
+@pytest.fixture(autouse=True)
+def _sglang_context():
+    with testing.sglang_cpu_context():
+        yield
+
+
+def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, {"tp_rank": "0", **labels})
+    return 0.0 if value is None else value
+
+
+class Pair:
+    """A stock TritonAttnBackend and ours, over identical pools, fed identical batches."""
+
+    def __init__(self, settings: VerifySettings, mask: str = "tree", **runner_kwargs):
+        self.registry = CollectorRegistry()
+        self.stock_runner = testing.make_model_runner(**runner_kwargs)
+        self.ours_runner = testing.make_model_runner(**runner_kwargs)
+        self.stock = testing.make_backend(TritonAttnBackend, self.stock_runner, DRAFT, HEADS)
+        self.ours = testing.make_backend(
+            KdtreeTritonAttnBackend,
+            self.ours_runner,
+            DRAFT,
+            HEADS,
+            settings=settings,
+            registry=self.registry,
+        )
+        self.mask = mask
+        self.layers = {i: testing.make_layer(i, HEADS) for i in LAYERS}
+
+    def batches(self, prefixes=PREFIXES, seed: int = 1):
+        make = testing.make_verify_batch
+        return (
+            make(self.stock_runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed),
+            make(self.ours_runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed),
+        )
+
+    def eager_step(self, prefixes=PREFIXES, seed: int = 1, layers=None):
+        stock_batch, ours_batch = self.batches(prefixes, seed)
+        self.stock.init_forward_metadata(stock_batch.forward_batch)
+        self.ours.init_forward_metadata(ours_batch.forward_batch)
+        return self.run_layers(stock_batch, ours_batch, layers or self.layers)
+
+    def run_layers(self, stock_batch, ours_batch, layers):
+        outs = []
+        for layer_id, layer in layers.items():
+            stock = self.stock.forward_extend(
+                *stock_batch.qkv[layer_id], layer, stock_batch.forward_batch
+            )
+            ours = self.ours.forward_extend(
+                *ours_batch.qkv[layer_id], layer, ours_batch.forward_batch
+            )
+            outs.append((stock, ours))
+        return outs
+
+    def pools_equal(self) -> bool:
+        return all(
+            torch.equal(
+                self.stock.token_to_kv_pool.get_key_buffer(i),
+                self.ours.token_to_kv_pool.get_key_buffer(i),
+            )
+            for i in LAYERS
+        )
+
+
+def test_off_is_stock_bit_for_bit():
+    pair = Pair(VerifySettings(mode=VerifyMode.OFF))
+    for stock, ours in pair.eager_step():
+        assert ours.dtype == stock.dtype and ours.shape == stock.shape
+        assert torch.equal(ours, stock)
+    assert pair.pools_equal()
+    assert metric(pair.registry, "kdtree_verify_mode", mode="off") == 1
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 0
+
+
+@pytest.mark.parametrize("mask", ["tree", "chain", "causal"])
+def test_on_serves_the_kernel_and_matches_stock(mask):
+    pair = Pair(VerifySettings(mode=VerifyMode.ON), mask=mask)
+    for stock, ours in pair.eager_step():
+        assert ours.shape == stock.shape and ours.dtype == stock.dtype
+        assert not torch.equal(ours, stock), "on must serve the kernel's result, not Triton's"
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    # The draft tokens' KV is written exactly as the stock backend writes it.
+    assert pair.pools_equal()
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == len(LAYERS)
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 1
+    assert metric(pair.registry, "kdtree_verify_mode", mode="on") == 1
+
+
+def test_validate_serves_stock_exactly_and_records_the_difference(caplog):
+    pair = Pair(VerifySettings(mode=VerifyMode.VALIDATE, validate_every=1))
+    for stock, ours in pair.eager_step():
+        assert torch.equal(ours, stock)
+    assert pair.pools_equal()
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == len(LAYERS)
+    with caplog.at_level(logging.INFO, logger="kdtree.verify"):
+        pair.ours.kdtree_flush()
+    for layer_id in LAYERS:
+        max_abs = metric(pair.registry, "kdtree_verify_max_abs_error", layer=str(layer_id))
+        max_rel = metric(pair.registry, "kdtree_verify_max_rel_error", layer=str(layer_id))
+        assert 0 < max_abs < 2e-5  # a real, small float32 difference between two algorithms
+        assert 0 < max_rel < 1e-3
+        over = metric(pair.registry, "kdtree_verify_over_tolerance_total", layer=str(layer_id))
+        assert over == 0
+    compared = metric(pair.registry, "kdtree_verify_compared_elements_total")
+    assert compared == ELEMENTS_PER_LAYER * len(LAYERS)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(PUBLISH_EVENT)]
+    assert len(lines) == 1
+    payload = json.loads(lines[0][len(PUBLISH_EVENT) :])
+    assert payload["mode"] == "validate" and payload["compared"] == compared
+    assert payload["over_tolerance"] == 0 and payload["layers"] == len(LAYERS)
+
+
+def test_validate_counts_elements_over_tolerance(caplog):
+    # atol = rtol = 0: every element where the two float32 algorithms differ at all is counted.
+    settings = VerifySettings(mode=VerifyMode.VALIDATE, validate_every=1, atol=0.0, rtol=0.0)
+    pair = Pair(settings)
+    outs = pair.eager_step()
+    with caplog.at_level(logging.WARNING, logger="kdtree.verify"):
+        pair.ours.kdtree_flush()
+    over = sum(
+        metric(pair.registry, "kdtree_verify_over_tolerance_total", layer=str(i)) for i in LAYERS
+    )
+    assert 0 < over <= ELEMENTS_PER_LAYER * len(LAYERS)
+    assert any(PUBLISH_EVENT in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert all(torch.equal(stock, ours) for stock, ours in outs)
+
+
+def test_publishes_every_n_steps_from_the_step_hook():
+    pair = Pair(VerifySettings(mode=VerifyMode.VALIDATE, validate_every=2))
+    layer0 = {0: pair.layers[0]}
+    pair.eager_step(layers=layer0)  # step 1: records
+    assert metric(pair.registry, "kdtree_verify_publishes_total") == 0
+    pair.eager_step(seed=2, layers=layer0)  # step 2: snapshot of steps 1 (taken before running)
+    pair.eager_step(seed=3, layers=layer0)  # step 3: the snapshot is collected and published
+    assert metric(pair.registry, "kdtree_verify_publishes_total") == 1
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == ELEMENTS_PER_LAYER
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 3
+
+
+def test_on_shadow_every_n_steps_in_eager_forwards():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON, shadow_every=2, validate_every=1000))
+    layer0 = {0: pair.layers[0]}
+    for step in range(1, 5):
+        for stock, ours in pair.eager_step(seed=step, layers=layer0):
+            torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    pair.ours.kdtree_flush()
+    # Steps 2 and 4 ran the Triton shadow: two comparisons of layer 0.
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == 2 * ELEMENTS_PER_LAYER
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 4
+
+
+def unsupported_layers():
+    return {
+        "logit_cap": testing.make_layer(0, HEADS, logit_cap=30.0),
+        "xai_temperature": testing.make_layer(1, HEADS, xai_temperature_len=4),
+    }
+
+
+def test_unsupported_layers_fall_back_to_stock_and_are_counted():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON))
+    layers = unsupported_layers()
+    by_id = {layer.layer_id: layer for layer in layers.values()}
+    for stock, ours in pair.eager_step(layers=by_id):
+        assert torch.equal(ours, stock)
+    for reason in layers:
+        assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason=reason) == 1
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
+
+
+def test_sinks_fall_back_to_stock_and_are_counted():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON))
+    stock_batch, ours_batch = pair.batches()
+    pair.stock.init_forward_metadata(stock_batch.forward_batch)
+    pair.ours.init_forward_metadata(ours_batch.forward_batch)
+    sinks = torch.full((HEADS,), 0.5)
+    layer = pair.layers[0]
+    stock = pair.stock.forward_extend(
+        *stock_batch.qkv[0], layer, stock_batch.forward_batch, sinks=sinks
+    )
+    ours = pair.ours.forward_extend(
+        *ours_batch.qkv[0], layer, ours_batch.forward_batch, sinks=sinks
+    )
+    assert torch.equal(ours, stock)
+    assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="sinks") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"layer": {"k_scale": torch.tensor(1.0)}}, "fp8_kv"),
+        ({"layer": {"sliding_window_size": 128}}, "sliding_window"),
+        ({"layer": {"logit_cap": 50.0}}, "logit_cap"),
+        ({"layer": {"is_cross_attention": True}}, "non_causal"),
+        ({"layer": {"qk_head_dim": 192, "v_head_dim": 128}}, "non_mla"),
+        ({"backend": {"page_size": 16}}, "page_size"),
+        ({"backend": {"dcp_size": 2}}, "dcp"),
+        ({"backend": {"use_mla": False}}, "non_mla"),
+        ({"backend": {"use_sliding_window_kv_pool": True}}, "sliding_window"),
+        ({"q_dtype": torch.bfloat16}, "fp8_kv"),  # a float32 pool read by bf16 q: KV dtype differs
+        ({}, None),
+    ],
+)
+def test_unsupported_reason_names_every_case(change, reason):
+    runner = testing.make_model_runner(num_layers=1, pool_size=32)
+    backend = testing.make_backend(
+        KdtreeTritonAttnBackend,
+        runner,
+        DRAFT,
+        HEADS,
+        settings=VerifySettings(mode=VerifyMode.ON),
+        registry=CollectorRegistry(),
+    )
+    backend.__dict__.update(change.get("backend", {}))
+    layer = testing.make_layer(0, HEADS, **change.get("layer", {}))
+    q = torch.zeros(DRAFT, HEADS * 576, dtype=change.get("q_dtype", torch.float32))
+    k = torch.zeros(DRAFT, 1, 576)
+    assert backend._kdtree_unsupported_reason(q, k, k[..., :512], layer, None, None, None) == reason
+
+
+def test_forwards_other_than_target_verify_are_the_parents():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON))
+    stock_batch, ours_batch = pair.batches()
+    pair.stock.init_forward_metadata(stock_batch.forward_batch)
+    pair.ours.init_forward_metadata(ours_batch.forward_batch)
+    # The same metadata read as a draft-extend forward: the kernel must not take it.
+    for batch in (stock_batch, ours_batch):
+        batch.forward_batch.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        assert torch.equal(ours, stock)
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
+
+
+def test_draft_runner_stays_stock_in_on_mode():
+    runner = testing.make_model_runner(is_draft_worker=True)
+    backend = testing.make_backend(
+        KdtreeTritonAttnBackend,
+        runner,
+        DRAFT,
+        HEADS,
+        settings=VerifySettings(mode=VerifyMode.ON),
+        registry=CollectorRegistry(),
+    )
+    assert not backend.kdtree_active
+
+
+class GraphPair(Pair):
+    """The CUDA-graph path: SGLang's static buffers, capture-time then replay-time metadata."""
+
+    def __init__(self, settings: VerifySettings, **kwargs):
+        super().__init__(settings, **kwargs)
+        for backend in (self.stock, self.ours):
+            backend.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * DRAFT)
+
+    def capture(self, prefixes=PREFIXES, seed: int = 1):
+        stock_batch, ours_batch = self.batches(prefixes, seed)
+        self.stock.init_forward_metadata_out_graph(stock_batch.forward_batch, in_capture=True)
+        self.ours.init_forward_metadata_out_graph(ours_batch.forward_batch, in_capture=True)
+        return stock_batch, ours_batch
+
+    def replay_metadata(self, prefixes, seed: int):
+        stock_batch, ours_batch = self.batches(prefixes, seed)
+        self.stock.init_forward_metadata_out_graph(stock_batch.forward_batch)
+        self.ours.init_forward_metadata_out_graph(ours_batch.forward_batch)
+        return stock_batch, ours_batch
+
+
+def test_graph_capture_references_sglang_static_buffers_and_replay_counts_routes():
+    pair = GraphPair(VerifySettings(mode=VerifyMode.ON))
+    stock_batch, ours_batch = pair.capture()
+    inputs = pair.ours.forward_metadata.kdtree_inputs
+    # Marshaling made no copies: the kernel reads SGLang's own capture buffers.
+    assert inputs.kv_indptr.data_ptr() == pair.ours.kv_indptr.data_ptr()
+    assert inputs.qo_indptr.data_ptr() == pair.ours.qo_indptr.data_ptr()
+    assert inputs.kv_indices.data_ptr() == pair.ours.cuda_graph_kv_indices.data_ptr()
+    assert inputs.custom_mask.data_ptr() == pair.ours.verify_mask.buffer.data_ptr()
+    assert inputs.mask_indptr.data_ptr() == pair.ours.mask_indptr.data_ptr()
+    # Layer 0 on the kernel, layer 1 with a logit cap (a fallback); warm-up and capture runs
+    # go through the same calls twice.
+    layers = {0: pair.layers[0], 1: testing.make_layer(1, HEADS, logit_cap=30.0)}
+    for _ in range(2):
+        for stock, ours in pair.run_layers(stock_batch, ours_batch, layers):
+            torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    # Capture runs are not serving steps.
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
+    assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="logit_cap") == 0
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 0
+    # Each replay counts what the captured graph does, once.
+    for seed in (2, 3):
+        pair.replay_metadata([9, 4], seed)
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 2
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 2
+    assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="logit_cap") == 2
+
+
+def test_graph_replay_metadata_feeds_the_kernel_new_batches():
+    pair = GraphPair(VerifySettings(mode=VerifyMode.ON))
+    pair.capture()
+    # New prefixes and masks, same batch size: only the static buffers change.
+    stock_batch, ours_batch = pair.replay_metadata([11, 2], seed=7)
+    # Python reruns here what the graph would replay: the same calls reading the same buffers.
+    pair.ours._kdtree_phase = "capture"
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    assert pair.pools_equal()
+
+
+def test_graph_shadow_gate_selects_steps_on_the_device():
+    settings = VerifySettings(mode=VerifyMode.ON, shadow_every=2, validate_every=1000)
+    pair = GraphPair(settings)
+    stock_batch, ours_batch = pair.capture()
+    layer0 = {0: pair.layers[0]}
+    # Capture (and a closed gate): Triton's shadow call is recorded but compares nothing.
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, layer0):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    pair.ours.kdtree_flush()
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == 0
+    gate = pair.ours.kdtree_shadow_gate
+    # Replay of step 1: not a shadow step, the gate stays closed and the shadow indptrs are zero.
+    stock_batch, ours_batch = pair.replay_metadata(PREFIXES, seed=1)
+    assert not bool(gate.open) and int(gate.kv_indptr.abs().sum()) == 0
+    # Replay of step 2: selected. Rerun the captured calls (as the graph would) with the gate open.
+    stock_batch, ours_batch = pair.replay_metadata(PREFIXES, seed=1)
+    assert bool(gate.open)
+    assert torch.equal(gate.kv_indptr[:3], pair.ours.kv_indptr[:3].long())
+    pair.ours._kdtree_phase = "capture"
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, layer0):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    pair.ours.kdtree_flush()
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == ELEMENTS_PER_LAYER
+    assert 0 < metric(pair.registry, "kdtree_verify_max_abs_error", layer="0") < 2e-5
