@@ -1,1 +1,85 @@
-"""CUDA implementation of the verify op: filled in by the kernel (issue 3)."""
+"""CUDA implementation of ``kdtree::verify_attention`` (the kernel in kernel/csrc/).
+
+``verify_attention_cuda`` is what the op's CUDA kernel registration calls. Without a ``plan`` it
+plans on every call (one tiny extra kernel) using a workspace cached per static shape; SGLang's
+backend makes one ``VerifyPlan`` per forward (``make_plan`` + ``VerifyPlan.update``) and passes it
+to every layer, which keeps the call free of allocation and host work under CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._build import load
+from .plan import VerifyPlan, make_plan
+from .validation import VerifyInputError
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+
+_plan_cache: dict[tuple, VerifyPlan] = {}
+
+
+def _cached_plan(q: torch.Tensor, batch_size: int) -> VerifyPlan:
+    key = (q.device, q.dtype, batch_size, q.shape[1], q.shape[0])
+    plan = _plan_cache.get(key)
+    if plan is None:
+        plan = make_plan(batch_size, q.shape[1], q.shape[0], q.device, dtype=q.dtype)
+        _plan_cache[key] = plan
+    return plan
+
+
+def check_supported(q: torch.Tensor, k_buffer: torch.Tensor) -> None:
+    """Refuse what the kernel does not implement, so callers can fall back (fp8 KV, fp32...)."""
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise VerifyInputError(f"q: the CUDA kernel supports bfloat16 and float16, got {q.dtype}")
+    if k_buffer.dtype != q.dtype:
+        raise VerifyInputError(
+            f"k_buffer: dtype {k_buffer.dtype} differs from q's {q.dtype} "
+            "(fp8 KV is not supported by the CUDA kernel)"
+        )
+
+
+def verify_attention_cuda(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    causal: bool,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    plan: VerifyPlan | None = None,
+) -> None:
+    """Write attention into ``out`` [T, H, 512] (q's dtype) and ``lse`` [T, H] (fp32, natural log).
+
+    ``causal=True`` ignores ``custom_mask`` (draft token i sees draft tokens 0..i). With ``plan``
+    given, it must already be ``update``d for this qo_indptr / kv_indptr (once per forward).
+    """
+    check_supported(q, k_buffer)
+    batch_size = qo_indptr.shape[0] - 1
+    if q.shape[0] == 0:
+        return
+    mask = None if causal else custom_mask
+    if not causal and custom_mask is None:
+        raise VerifyInputError("custom_mask: required when causal=False")
+    if plan is None:
+        plan = _cached_plan(q, batch_size)
+        plan.update(qo_indptr, kv_indptr, mask_indptr if mask is not None else None)
+    elif not plan.matches(batch_size, q.shape[1], q.shape[0]):
+        raise VerifyInputError(
+            f"plan: made for batch {plan.batch_size}, {plan.num_heads} heads, "
+            f"{plan.total_tokens} tokens; called with {batch_size}, {q.shape[1]}, {q.shape[0]}"
+        )
+    load().attend(
+        q, k_extend, v_extend, k_buffer, v_buffer, kv_indices,
+        mask.view(torch.uint8) if mask is not None else None,
+        out, lse, plan.workspace, plan.layout.offsets(), float(sm_scale), batch_size,
+        plan.num_tile_slots, plan.max_splits,
+    )  # fmt: skip

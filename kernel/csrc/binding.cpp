@@ -1,0 +1,186 @@
+// pybind11 binding: turns torch tensors into VerifyParams and launches on the current stream.
+// Input validation with readable messages lives in kdtree_verify/cuda.py; the TORCH_CHECKs here
+// guard the memory-safety preconditions of the kernels (dtype, device, alignment, strides).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+#include "verify_config.h"
+#include "verify_params.h"
+
+namespace {
+
+using kdtree::kBlockM;
+using kdtree::kHeadDimQK;
+using kdtree::kHeadDimV;
+
+constexpr int64_t kAlign = 256;
+
+// The workspace layout is computed in kdtree_verify/plan.py (WorkspaceLayout, which documents the
+// size formula); here we only check that every region the kernels touch lies inside the tensor.
+// offsets = [req, tile_req, tile_mt, chunk, lse_part, o_part] in bytes.
+void attach_workspace(kdtree::VerifyParams& p, const torch::Tensor& ws,
+                      const std::vector<int64_t>& offsets, int64_t batch, int64_t slots,
+                      int64_t max_splits) {
+  TORCH_CHECK(ws.is_cuda() && ws.scalar_type() == torch::kUInt8 && ws.is_contiguous(),
+              "workspace must be a contiguous uint8 CUDA tensor");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(ws.data_ptr()) % kAlign == 0,
+              "workspace must be 256-byte aligned");
+  TORCH_CHECK(offsets.size() == 6, "workspace offsets: expected 6 entries");
+  TORCH_CHECK(slots >= 1 && max_splits >= 1 && max_splits <= kdtree::kMaxSplits,
+              "plan: bad num_tile_slots / max_splits");
+  const int64_t part_rows = max_splits > 1 ? max_splits * slots * kBlockM : 0;
+  const int64_t sizes[6] = {batch * static_cast<int64_t>(sizeof(kdtree::RequestMeta)),
+                            slots * 4,
+                            slots * 4,
+                            4,
+                            part_rows * 4,
+                            part_rows * kHeadDimV * 4};
+  for (int i = 0; i < 6; ++i) {
+    TORCH_CHECK(offsets[i] >= 0 && offsets[i] % 16 == 0 && offsets[i] + sizes[i] <= ws.numel(),
+                "workspace region ", i, " [", offsets[i], ", +", sizes[i],
+                ") is misaligned or outside the workspace of ", ws.numel(), " bytes");
+  }
+  auto* base = static_cast<uint8_t*>(ws.data_ptr());
+  p.req = reinterpret_cast<kdtree::RequestMeta*>(base + offsets[0]);
+  p.tile_req = reinterpret_cast<int32_t*>(base + offsets[1]);
+  p.tile_mt = reinterpret_cast<int32_t*>(base + offsets[2]);
+  p.chunk = reinterpret_cast<int32_t*>(base + offsets[3]);
+  p.lse_part = reinterpret_cast<float*>(base + offsets[4]);
+  p.o_part = reinterpret_cast<float*>(base + offsets[5]);
+  p.num_tile_slots = static_cast<int>(slots);
+  p.max_splits = static_cast<int>(max_splits);
+}
+
+bool is_index_64(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.dim() == 1 && t.is_contiguous(), name,
+              " must be a contiguous 1-D CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kInt64 || t.scalar_type() == torch::kInt32, name,
+              " must be int32 or int64");
+  return t.scalar_type() == torch::kInt64;
+}
+
+void plan(const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr,
+          const std::optional<torch::Tensor>& mask_indptr, const torch::Tensor& workspace,
+          const std::vector<int64_t>& offsets, int64_t batch, int64_t num_heads, int64_t slots, int64_t max_splits,
+          int64_t target_ctas) {
+  const c10::cuda::CUDAGuard guard(workspace.device());
+  kdtree::VerifyParams p{};
+  TORCH_CHECK(qo_indptr.numel() == batch + 1 && kv_indptr.numel() == batch + 1,
+              "qo_indptr and kv_indptr must have batch + 1 entries");
+  p.qo_indptr = qo_indptr.data_ptr();
+  p.qo_indptr_64 = is_index_64(qo_indptr, "qo_indptr");
+  p.kv_indptr = kv_indptr.data_ptr();
+  p.kv_indptr_64 = is_index_64(kv_indptr, "kv_indptr");
+  if (mask_indptr.has_value()) {
+    TORCH_CHECK(mask_indptr->numel() >= batch + 1, "mask_indptr must have batch + 1 entries");
+    p.mask_indptr = mask_indptr->data_ptr();
+    p.mask_indptr_64 = is_index_64(*mask_indptr, "mask_indptr");
+  }
+  p.batch = static_cast<int>(batch);
+  p.num_heads = static_cast<int>(num_heads);
+  p.target_ctas = static_cast<int>(target_ctas);
+  attach_workspace(p, workspace, offsets, batch, slots, max_splits);
+  kdtree::launch_plan(p, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void check_rows(const torch::Tensor& t, const char* name, int64_t cols, torch::ScalarType dtype) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must have the dtype of q");
+  TORCH_CHECK(t.dim() == 3 && t.size(1) == 1 && t.size(2) == cols, name, " must be [*, 1, ", cols,
+              "]");
+  TORCH_CHECK(t.stride(2) == 1, name, " must be contiguous in its last dimension");
+  TORCH_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " rows must be 16-byte aligned (token stride a multiple of 8 elements)");
+}
+
+void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Tensor& v_ext,
+            const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+            const torch::Tensor& kv_indices, const std::optional<torch::Tensor>& mask,
+            torch::Tensor& out, torch::Tensor& lse, const torch::Tensor& workspace,
+            const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots, int64_t max_splits) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");
+  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.size(2) == kHeadDimQK && q.stride(2) == 1,
+              "q must be a CUDA tensor [T, H, 576] contiguous in its last dimension");
+  TORCH_CHECK(q.stride(0) % 2 == 0 && q.stride(1) % 2 == 0 &&
+                  reinterpret_cast<uintptr_t>(q.data_ptr()) % 4 == 0,
+              "q rows must be 4-byte aligned");
+  check_rows(k_ext, "k_extend", kHeadDimQK, dtype);
+  check_rows(v_ext, "v_extend", kHeadDimV, dtype);
+  check_rows(k_buf, "k_buffer", kHeadDimQK, dtype);
+  check_rows(v_buf, "v_buffer", kHeadDimV, dtype);
+  TORCH_CHECK(out.is_cuda() && out.scalar_type() == dtype && out.dim() == 3 &&
+                  out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+                  out.size(2) == kHeadDimV && out.stride(2) == 1,
+              "out must be [T, H, 512] with q's dtype, contiguous in its last dimension");
+  TORCH_CHECK(out.stride(0) % 4 == 0 && out.stride(1) % 4 == 0 &&
+                  reinterpret_cast<uintptr_t>(out.data_ptr()) % 8 == 0,
+              "out rows must be 8-byte aligned");
+  TORCH_CHECK(lse.is_cuda() && lse.scalar_type() == torch::kFloat32 && lse.dim() == 2 &&
+                  lse.size(0) == q.size(0) && lse.size(1) == q.size(1),
+              "lse must be a float32 CUDA tensor [T, H]");
+
+  kdtree::VerifyParams p{};
+  p.q = q.data_ptr();
+  p.q_stride_tok = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.k_ext = k_ext.data_ptr();
+  p.k_ext_stride = k_ext.stride(0);
+  p.v_ext = v_ext.data_ptr();
+  p.v_ext_stride = v_ext.stride(0);
+  p.k_buf = k_buf.data_ptr();
+  p.k_buf_stride = k_buf.stride(0);
+  p.v_buf = v_buf.data_ptr();
+  p.v_buf_stride = v_buf.stride(0);
+  p.kv_indices = kv_indices.numel() > 0 ? kv_indices.data_ptr() : nullptr;
+  p.kv_indices_64 = is_index_64(kv_indices, "kv_indices");
+  // V is read from the K tile in shared memory when it is the first 512 columns of the same rows.
+  p.separate_v_buf = !(v_buf.data_ptr() == k_buf.data_ptr() && v_buf.stride(0) == k_buf.stride(0));
+  p.separate_v_ext = !(v_ext.data_ptr() == k_ext.data_ptr() && v_ext.stride(0) == k_ext.stride(0));
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->is_cuda() && mask->dim() == 1 && mask->is_contiguous() &&
+                    (mask->scalar_type() == torch::kUInt8 || mask->scalar_type() == torch::kBool),
+                "custom_mask must be a contiguous 1-D bool/uint8 CUDA tensor");
+    p.mask = static_cast<const uint8_t*>(mask->data_ptr());
+  }
+  p.out = out.data_ptr();
+  p.out_stride_tok = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.lse = lse.data_ptr<float>();
+  p.lse_stride_tok = lse.stride(0);
+  p.lse_stride_head = lse.stride(1);
+  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  p.batch = static_cast<int>(batch);
+  p.num_heads = static_cast<int>(q.size(1));
+  p.total_q = static_cast<int>(q.size(0));
+  attach_workspace(p, workspace, offsets, batch, slots, max_splits);
+  const auto kind = dtype == torch::kBFloat16 ? kdtree::DType::kBF16 : kdtree::DType::kFP16;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  kdtree::launch_attention(p, kind, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  kdtree::launch_combine(p, kind, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+int64_t ctas_per_sm(bool bf16) {
+  return kdtree::attention_ctas_per_sm(bf16 ? kdtree::DType::kBF16 : kdtree::DType::kFP16);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "kdtree MLA tree-verify attention CUDA kernels";
+  m.def("plan", &plan, "launch the plan kernel (per forward)");
+  m.def("attend", &attend, "launch attention (+ combine) with a planned workspace");
+  m.def("ctas_per_sm", &ctas_per_sm, "resident attention CTAs per SM");
+  m.attr("BLOCK_M") = kBlockM;
+  m.attr("HEAD_DIM_QK") = kHeadDimQK;
+  m.attr("HEAD_DIM_V") = kHeadDimV;
+  m.attr("MAX_SPLITS") = kdtree::kMaxSplits;
+}

@@ -1,0 +1,88 @@
+"""Build and load the CUDA extension (``kdtree_verify._C``) with torch.utils.cpp_extension.
+
+The pure-Python package installs without nvcc or a GPU; the extension is compiled on first use
+(or ahead of time by ``make kernel`` / ``python -m kdtree_verify._build``) into a build directory
+keyed by the torch version, so one checkout can serve several environments.
+
+Environment:
+- ``KDTREE_CUDA_ARCHS``: semicolon-separated SM versions to compile for (default ``80;90;120``).
+- ``KDTREE_BUILD_DIR``: where objects and the module go (default ``<repo>/kernel/build/<tag>``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+DEFAULT_ARCHS = "80;90;120"
+EXTENSION_NAME = "kdtree_verify_cuda"
+SOURCES = ("binding.cpp", "verify_kernel.cu")
+
+_module: ModuleType | None = None
+
+
+def cuda_archs() -> list[str]:
+    """SM versions from KDTREE_CUDA_ARCHS, validated (e.g. ``['80', '90', '120']``)."""
+    raw = os.environ.get("KDTREE_CUDA_ARCHS", DEFAULT_ARCHS)
+    archs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+    if not archs or not all(a.isdigit() for a in archs):
+        raise ValueError(f"KDTREE_CUDA_ARCHS: expected e.g. '80;90;120', got {raw!r}")
+    return archs
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    """nvcc -gencode flags: machine code for every arch (no PTX JIT at load time)."""
+    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+
+
+def nvcc_flags(archs: list[str]) -> list[str]:
+    """The nvcc flags of the kernel build (shared with the CI ptxas check)."""
+    return ["-O3", "-lineinfo", *gencode_flags(archs)]
+
+
+def build_dir() -> Path:
+    import torch
+
+    default = CSRC_DIR.parent / "build" / f"torch{torch.__version__.replace('+', '_')}"
+    path = Path(os.environ.get("KDTREE_BUILD_DIR", default))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load(verbose: bool = False) -> ModuleType:
+    """Compile (if stale) and import the extension. Raises RuntimeError with the reason."""
+    global _module
+    if _module is not None:
+        return _module
+    import torch
+    from torch.utils import cpp_extension
+
+    if not torch.cuda.is_available() and os.environ.get("KDTREE_BUILD_WITHOUT_GPU") != "1":
+        raise RuntimeError("kdtree_verify: CUDA is not available; the CUDA kernel cannot run here")
+    if cpp_extension.CUDA_HOME is None:
+        raise RuntimeError("kdtree_verify: nvcc not found (set CUDA_HOME) to build the kernel")
+    archs = cuda_archs()
+    _module = cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(CSRC_DIR / s) for s in SOURCES],
+        extra_cflags=["-O2"],
+        extra_cuda_cflags=nvcc_flags(archs),
+        extra_include_paths=[str(CSRC_DIR)],
+        build_directory=str(build_dir()),
+        verbose=verbose,
+    )
+    return _module
+
+
+def main() -> int:
+    print(f"building {EXTENSION_NAME} for sm_{', sm_'.join(cuda_archs())} in {build_dir()}")
+    module = load(verbose=True)
+    print(f"built: {module.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

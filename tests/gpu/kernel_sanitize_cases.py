@@ -1,0 +1,44 @@
+"""Cases for ``compute-sanitizer --tool memcheck`` (not a pytest module: run under the sanitizer).
+
+Covers ragged prefixes (including 0 and 1), prefix-free batches, a split tail, the separate-V
+path, int32 indices, causal and tree masks, and the multi-split combine. Exits non-zero if any
+output is non-finite; the sanitizer's own exit code reports memory errors.
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu/kernel_sanitize_cases.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from kdtree_verify import verify_attention
+from kdtree_verify.testing import make_case
+
+CASES = [
+    ((0,), 1, 8, {}),
+    ((0, 0, 0), 5, 16, {"mask": "causal"}),
+    ((4097, 0, 65, 1), 7, 12, {}),
+    ((1, 63, 64, 65), 13, 8, {"index_dtype": torch.int32, "strided_v": False}),
+    ((20000,), 16, 16, {"mask": "chain"}),
+    ((300, 5), 64, 128, {}),
+]
+
+
+def main() -> int:
+    bad = 0
+    for prefix_lens, num_draft, num_heads, kwargs in CASES:
+        case = make_case(
+            prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda", **kwargs
+        )
+        out, lse = verify_attention(*case.args(), return_lse=True)
+        torch.cuda.synchronize()
+        finite = bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+        print(f"{prefix_lens} T={num_draft} H={num_heads} {kwargs}: finite={finite}", flush=True)
+        bad += not finite
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

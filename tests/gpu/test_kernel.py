@@ -1,0 +1,314 @@
+"""The CUDA kernel on a GPU: the sweep against the float32 reference, SGLang's Triton
+``extend_attention_fwd`` and the CPU op (the numerics specification); input variants; refusals;
+CUDA-graph capture and replay with new metadata.
+
+Tolerance (bf16 output). bf16 keeps 8 significant bits, so one rounding errs by at most 2^-9
+relative. Our result is rounded twice (P to bf16 before the P*V MMA, the output to bf16) and the
+reference once (its float32 output to bf16), hence an elementwise bound of 2^-7 relative, plus an
+absolute 2^-8 x max|ref| of the case for entries near zero, which are sums of terms of the size of
+max|ref| (cancellation makes their relative error meaningless). The LSE is float32 throughout and
+must agree to 2e-3 absolute (ex2.approx and a different summation order).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
+from kdtree_verify.cuda import verify_attention_cuda
+from kdtree_verify.plan import make_plan
+from kdtree_verify.testing import VerifyCase, make_case
+
+pytestmark = pytest.mark.gpu
+
+PREFIXES = (0, 1, 63, 64, 65, 1000, 4097, 32768, 131072)
+DRAFTS = (1, 2, 5, 8, 13, 16, 32, 64)
+HEADS = (8, 12, 16, 128)
+BATCHES = (1, 3, 8, 48)
+MASKS = ("tree", "chain", "causal")
+
+
+def _sweep() -> list[tuple[tuple[int, ...], int, int, str]]:
+    """(prefix_lens, T, H, mask): every value of every axis, mixed, ragged for B > 1.
+
+    Case i takes PREFIXES[i % 9], DRAFTS[i % 8], HEADS[(i // 2) % 4], BATCHES[(i // 3) % 4] and
+    MASKS[i % 3]. Request 0 gets the sweep prefix; the others get a ragged mix of small prefixes
+    (0 and 1 included) so B x prefix stays within memory and the reference stays fast.
+    """
+    cases = []
+    for i in range(36):
+        prefix = PREFIXES[i % 9]
+        batch = BATCHES[(i // 3) % 4]
+        if prefix >= 32768 and batch > 3:
+            batch = 3
+        others = [(0, 1, 65, 1000, 4097, 64, 63)[(i + j) % 7] for j in range(batch - 1)]
+        cases.append(((prefix, *others), DRAFTS[i % 8], HEADS[(i // 2) % 4], MASKS[i % 3]))
+    return cases
+
+
+SWEEP = _sweep()
+
+
+def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor, what: str, factor: float = 1.0) -> None:
+    out, ref = out.float(), ref.float()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    scale = float(ref.abs().max())
+    bound = factor * (2**-7 * ref.abs() + 2**-8 * scale)
+    excess = (out - ref).abs() - bound
+    worst = float(excess.max())
+    assert worst <= 0, (
+        f"{what}: max |out - ref| exceeds the bf16 bound by {worst:.3g} "
+        f"(max|ref| = {scale:.3g}, max err = {float((out - ref).abs().max()):.3g})"
+    )
+
+
+def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    both_inf = torch.isinf(lse) & torch.isinf(ref) & (lse == ref)
+    diff = torch.where(both_inf, torch.zeros_like(lse), (lse - ref).abs())
+    assert float(diff.max()) <= 2e-3, f"{what}: lse differs by {float(diff.max()):.3g}"
+
+
+def run_case(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = verify_attention(*case.args(), return_lse=True)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def test_sweep_covers_every_axis_value() -> None:
+    assert {c[0][0] for c in SWEEP} == set(PREFIXES)
+    assert {c[1] for c in SWEEP} == set(DRAFTS)
+    assert {c[2] for c in SWEEP} == set(HEADS)
+    assert {len(c[0]) for c in SWEEP} >= {1, 3} and any(len(c[0]) == 48 for c in SWEEP)
+    assert {c[3] for c in SWEEP} == set(MASKS)
+
+
+@pytest.mark.parametrize(("prefix_lens", "num_draft", "num_heads", "mask"), SWEEP)
+def test_sweep_against_reference(prefix_lens, num_draft, num_heads, mask) -> None:
+    case = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        seed=sum(prefix_lens) + num_draft,
+    )  # fmt: skip
+    out, lse = run_case(case)
+    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    what = f"B={len(prefix_lens)} prefix={prefix_lens[0]} T={num_draft} H={num_heads} {mask}"
+    assert_close_bf16(out, ref_out, what)
+    assert_lse_close(lse, ref_lse, what)
+
+
+def _sglang_extend():
+    try:
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: F401
+
+        from kdtree_verify.testing import sglang_extend_attention
+    except ImportError as exc:
+        pytest.fail(f"SGLang's Triton kernels must import on the GPU machine: {exc}")
+    return sglang_extend_attention
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "mask"),
+    [c for c in SWEEP if sum(c[0]) <= 40000],
+)
+def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) -> None:
+    extend = _sglang_extend()
+    case = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        seed=7 + num_draft,
+    )  # fmt: skip
+    out, _ = run_case(case)
+    theirs = extend(*case.args(), max_draft_tokens=num_draft)
+    # Both sides are bf16 results with their own roundings: twice the one-sided bound.
+    assert_close_bf16(out, theirs, f"vs SGLang extend {prefix_lens[:2]} T={num_draft}", factor=2)
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "mask"),
+    [((0,), 1, 8, "tree"), ((65, 0, 1000), 5, 12, "chain"), ((300, 7), 13, 16, "causal"),
+     ((64, 63), 16, 8, "tree")],
+)  # fmt: skip
+def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, mask) -> None:
+    gpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
+                    device="cuda", seed=3)  # fmt: skip
+    cpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
+                    device="cpu", seed=3)  # fmt: skip
+    out_gpu, lse_gpu = run_case(gpu)
+    out_cpu, lse_cpu = verify_attention(*cpu.args(), return_lse=True)
+    assert_close_bf16(out_gpu.cpu(), out_cpu, "CUDA vs CPU op")
+    assert_lse_close(lse_gpu.cpu(), lse_cpu, "CUDA vs CPU op")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["int32_indices", "bool_mask", "separate_v", "fp16", "int32_indptr", "all_prefix_zero"],
+)
+def test_input_variants(variant: str) -> None:
+    kwargs = {"dtype": torch.bfloat16, "device": "cuda", "seed": 11}
+    prefix_lens = (4097, 0, 65, 1)
+    if variant == "int32_indices":
+        kwargs["index_dtype"] = torch.int32
+    elif variant == "bool_mask":
+        kwargs["mask_dtype"] = torch.bool
+    elif variant == "separate_v":
+        kwargs["strided_v"] = False  # v_buffer / v_extend are copies, not views of K
+    elif variant == "fp16":
+        kwargs["dtype"] = torch.float16
+    elif variant == "all_prefix_zero":
+        prefix_lens = (0, 0, 0)
+    case = make_case(prefix_lens, 7, 16, **kwargs)
+    if variant == "int32_indptr":
+        case.qo_indptr = case.qo_indptr.int()
+        case.kv_indptr = case.kv_indptr.int()
+        case.mask_indptr = case.mask_indptr.int()
+    if variant == "separate_v":
+        assert case.v_buffer.data_ptr() != case.k_buffer.data_ptr()
+    out, lse = run_case(case)
+    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    assert_close_bf16(out, ref_out, variant)
+    assert_lse_close(lse, ref_lse, variant)
+
+
+def test_refuses_fp32_and_fp8_with_clear_errors() -> None:
+    case = make_case((10,), 2, 8, dtype=torch.float32, device="cuda")
+    with pytest.raises(VerifyInputError, match="bfloat16 and float16"):
+        run_case(case)
+    fp8 = make_case((10,), 2, 8, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(2, 8, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 8, dtype=torch.float32, device="cuda")
+    k8 = fp8.k_buffer.to(torch.float8_e4m3fn)
+    with pytest.raises(VerifyInputError, match="fp8"):
+        verify_attention_cuda(
+            fp8.q, fp8.k_extend, fp8.v_extend, k8, k8[..., :512], fp8.qo_indptr, fp8.kv_indptr,
+            fp8.kv_indices, fp8.custom_mask, fp8.mask_indptr, fp8.sm_scale, False, out, lse,
+        )  # fmt: skip
+
+
+def _static_inputs(batch: int, num_draft: int, num_heads: int, max_prefix: int):
+    """Static buffers sized for the captured maxima, as SGLang's graph runner keeps them."""
+    total = batch * num_draft
+    pool = batch * (max_prefix + num_draft) + 64
+    dev = "cuda"
+    return {
+        "q": torch.zeros(total, num_heads, 576, dtype=torch.bfloat16, device=dev),
+        "k_extend": torch.zeros(total, 1, 576, dtype=torch.bfloat16, device=dev),
+        "k_buffer": torch.zeros(pool, 1, 576, dtype=torch.bfloat16, device=dev),
+        "qo_indptr": torch.zeros(batch + 1, dtype=torch.int64, device=dev),
+        "kv_indptr": torch.zeros(batch + 1, dtype=torch.int64, device=dev),
+        "kv_indices": torch.zeros(batch * max_prefix, dtype=torch.int64, device=dev),
+        "mask": torch.zeros(
+            batch * num_draft * (max_prefix + num_draft), dtype=torch.uint8, device=dev
+        ),
+        "mask_indptr": torch.zeros(batch + 1, dtype=torch.int64, device=dev),
+        "out": torch.zeros(total, num_heads, 512, dtype=torch.bfloat16, device=dev),
+        "lse": torch.zeros(total, num_heads, dtype=torch.float32, device=dev),
+    }
+
+
+def _load_case(static: dict, case: VerifyCase) -> None:
+    static["q"].copy_(case.q)
+    static["k_extend"].copy_(case.k_extend)
+    static["k_buffer"][: case.k_buffer.shape[0]].copy_(case.k_buffer)
+    for name in ("qo_indptr", "kv_indptr", "mask_indptr"):
+        static[name].copy_(getattr(case, name))
+    static["kv_indices"][: case.kv_indices.shape[0]].copy_(case.kv_indices)
+    static["mask"][: case.custom_mask.shape[0]].copy_(case.custom_mask)
+
+
+def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
+    batch, num_draft, num_heads, max_prefix = 4, 8, 16, 5000
+    static = _static_inputs(batch, num_draft, num_heads, max_prefix)
+    plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+
+    def step() -> None:
+        plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
+        verify_attention_cuda(
+            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
+            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
+            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
+            static["out"], static["lse"], plan=plan,
+        )  # fmt: skip
+
+    first = make_case((100, 5000, 0, 33), num_draft, num_heads, dtype=torch.bfloat16,
+                      device="cuda", seed=1, sm_scale=0.1352)  # fmt: skip
+    _load_case(static, first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside capture (module load, kernel attributes)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    replays = [
+        first,
+        make_case(
+            (4999, 1, 64, 2048),
+            num_draft,
+            num_heads,
+            dtype=torch.bfloat16,
+            device="cuda",
+            seed=2,
+            sm_scale=0.1352,
+        ),
+        make_case(
+            (0, 0, 0, 0),
+            num_draft,
+            num_heads,
+            dtype=torch.bfloat16,
+            device="cuda",
+            seed=3,
+            sm_scale=0.1352,
+        ),
+        make_case(
+            (3000, 3000, 3000, 3000),
+            num_draft,
+            num_heads,
+            mask="chain",
+            dtype=torch.bfloat16,
+            device="cuda",
+            seed=4,
+            sm_scale=0.1352,
+        ),
+    ]
+    for i, case in enumerate(replays):
+        _load_case(static, case)
+        static["out"].zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_out, eager_lse = run_case(case)
+        assert torch.equal(static["out"], eager_out), f"replay {i}: graph output != eager"
+        assert torch.equal(static["lse"], eager_lse), f"replay {i}: graph lse != eager"
+        ref_out, _ = verify_attention_reference(*case.args(), return_lse=True)
+        assert_close_bf16(static["out"], ref_out, f"replay {i} vs reference")
+
+
+def test_plan_workspace_formula_matches_extension_checks() -> None:
+    """The extension refuses a workspace one byte short of the documented formula."""
+    plan = make_plan(3, 16, 24, "cuda")
+    short = plan.workspace[: plan.layout.total_bytes - plan.layout.total_bytes % 256 - 256]
+    case = make_case((10, 20, 30), 8, 16, dtype=torch.bfloat16, device="cuda")
+    plan.workspace = short
+    with pytest.raises(RuntimeError, match="outside the workspace"):
+        plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
+
+
+def test_ragged_draft_counts() -> None:
+    """qo_indptr need not be uniform: requests with 0, 1 and 9 draft tokens in one batch."""
+    parts = [make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
+             for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])]  # fmt: skip
+    base = parts[0]
+    q = torch.cat([c.q for c in parts])
+    k_ext = torch.cat([c.k_extend for c in parts])
+    pool = torch.cat([c.k_buffer for c in parts])
+    offsets = list(itertools.accumulate([0] + [c.k_buffer.shape[0] for c in parts[:-1]]))
+    kv_indices = torch.cat([c.kv_indices + off for c, off in zip(parts, offsets, strict=True)])
+    qo = torch.tensor([0, 1, 10, 13], device="cuda")
+    kv = torch.tensor([0, 500, 570, 571], device="cuda")
+    args = (q, k_ext, k_ext[..., :512], pool, pool[..., :512], qo, kv, kv_indices, None, None,
+            base.sm_scale)  # fmt: skip
+    out, lse = verify_attention(*args, return_lse=True)
+    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
+    assert_close_bf16(out, ref_out, "ragged draft counts")
+    assert_lse_close(lse, ref_lse, "ragged draft counts")
