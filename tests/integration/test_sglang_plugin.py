@@ -1,0 +1,105 @@
+"""The plugin is found through the installed entry point and installs our backend as "triton",
+in a fresh interpreter, and in a child started with the *spawn* method the way SGLang starts
+its schedulers (``run_scheduler_process`` calls ``load_plugins()`` first)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import json
+    import multiprocessing as mp
+    import sys
+
+
+    def registry_entry():
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        factory = ATTENTION_BACKENDS["triton"]
+        return f"{factory.__module__}.{factory.__name__}"
+
+
+    def scheduler(queue):
+        # What sglang.srt.managers.scheduler.run_scheduler_process does first.
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        from types import SimpleNamespace
+
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
+
+        try:  # SGLang's own guard of the "triton" factory still applies
+            ATTENTION_BACKENDS["triton"](
+                SimpleNamespace(model_config=SimpleNamespace(is_encoder_decoder=True))
+            )
+            guard = None
+        except AssertionError as error:
+            guard = str(error)
+        queue.put(
+            {
+                "entry": registry_entry(),
+                "subclass": issubclass(KdtreeTritonAttnBackend, TritonAttnBackend),
+                "guard": guard,
+            }
+        )
+
+
+    if __name__ == "__main__":
+        # Two schedulers at once: one with the default environment, one whose SGLANG_PLUGINS
+        # whitelist leaves us out. A spawned child takes the environment at start().
+        context = mp.get_context("spawn")
+        results = {}
+        children = []
+        for name, whitelist in (("default", None), ("whitelist", "smg-zmq")):
+            if whitelist is not None:
+                import os
+
+                os.environ["SGLANG_PLUGINS"] = whitelist
+            queue = context.Queue()
+            child = context.Process(target=scheduler, args=(queue,))
+            child.start()
+            children.append((name, child, queue))
+        for name, child, queue in children:
+            results[name] = queue.get(timeout=240)
+            child.join(timeout=60)
+            results[name]["child_exit"] = child.exitcode
+        results["parent_imported_sglang"] = "sglang" in sys.modules
+        print("RESULT " + json.dumps(results))
+    """
+)
+
+OURS = "kdtree_inference.sglang.plugin.create_kdtree_triton_backend"
+STOCK = "sglang.srt.layers.attention.attention_registry.create_triton_backend"
+
+
+def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
+    script = tmp_path / "spawn_scheduler.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "SGLANG_"))}
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    results = json.loads(line[len("RESULT ") :])
+    # The launching process never touched SGLang: the children found the plugin themselves.
+    assert results["parent_imported_sglang"] is False
+    default = results["default"]
+    assert default["entry"] == OURS
+    assert default["subclass"] is True
+    assert default["guard"] and "Cross attention is not supported" in default["guard"]
+    assert default["child_exit"] == 0
+    # SGLANG_PLUGINS without "kdtree_verify": SGLang's own factory stays.
+    assert results["whitelist"]["entry"] == STOCK
+    assert results["whitelist"]["child_exit"] == 0

@@ -1,0 +1,131 @@
+"""``kdtree-serve``: runs the installed console script; SGLang's launcher is replaced, through
+KDTREE_SGLANG_LAUNCHER, by a stand-in that records the argv it was executed with."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kdtree_inference.sglang.launcher import (
+    REFUSED,
+    flag_values,
+    launch_command,
+    preflight,
+)
+from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
+
+KDTREE_SERVE = Path(sys.executable).with_name("kdtree-serve")
+ARGS = [
+    "--model-path", "/models/DeepSeek-V3", "--attention-backend", "triton",
+    "--speculative-algorithm", "EAGLE", "--chat-template", "a b  c", "--json-model-override-args",
+    '{"x": [1, 2]}', "--tp=8", "--", "ünïcode",
+]  # fmt: skip
+
+
+@pytest.fixture
+def standin(tmp_path):
+    record = tmp_path / "argv.json"
+    script = tmp_path / "fake_sglang.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            with open({str(record)!r}, "w") as f:
+                json.dump(sys.argv[1:], f)
+            sys.exit(int(__import__("os").environ.get("FAKE_SGLANG_EXIT", "0")))
+            """
+        )
+    )
+    return record, f"{sys.executable} {script}"
+
+
+def serve(args, launcher, **env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "SGLANG_"))}
+    full_env.update(KDTREE_SGLANG_LAUNCHER=launcher, **env)
+    return subprocess.run(
+        [str(KDTREE_SERVE), *args], env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_off_passes_every_argument_through_unchanged(standin):
+    record, launcher = standin
+    result = serve(ARGS, launcher, KDTREE_VERIFY="off")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(record.read_text()) == ARGS
+    assert "kdtree-serve: mode: KDTREE_VERIFY=off" in result.stderr
+    assert "kdtree-serve: exec " in result.stderr
+
+
+def test_exit_status_is_sglangs(standin):
+    record, launcher = standin
+    result = serve(["--port", "1"], launcher, FAKE_SGLANG_EXIT="3")
+    assert result.returncode == 3
+    assert json.loads(record.read_text()) == ["--port", "1"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
+)
+@pytest.mark.parametrize("mode", ["on", "validate"])
+def test_kernel_modes_refuse_without_a_usable_kernel(standin, mode):
+    record, launcher = standin
+    result = serve(ARGS, launcher, KDTREE_VERIFY=mode)
+    assert result.returncode == REFUSED
+    assert (
+        f"refusing to start with KDTREE_VERIFY={mode}: no CUDA device is visible" in result.stderr
+    )
+    assert "set KDTREE_VERIFY=off" in result.stderr
+    assert not record.exists(), "nothing may be launched after a refusal"
+
+
+def test_other_attention_backends_are_refused(standin):
+    record, launcher = standin
+    result = serve(["--attention-backend=flashinfer"], launcher, KDTREE_VERIFY="on")
+    assert result.returncode == REFUSED
+    assert "--attention-backend flashinfer: the kdtree kernel replaces SGLang's 'triton'" in (
+        result.stderr
+    )
+    assert not record.exists()
+
+
+def test_plugin_left_out_by_sglang_plugins_is_refused(standin):
+    record, launcher = standin
+    result = serve(ARGS, launcher, KDTREE_VERIFY="on", SGLANG_PLUGINS="someone_else")
+    assert result.returncode == REFUSED
+    assert "SGLANG_PLUGINS='someone_else' does not include 'kdtree_verify'" in result.stderr
+    assert not record.exists()
+
+
+def test_bad_setting_is_refused_by_name(standin):
+    record, launcher = standin
+    result = serve(ARGS, launcher, KDTREE_VERIFY="maybe")
+    assert result.returncode == REFUSED
+    assert "KDTREE_VERIFY='maybe': expected one of off|validate|on" in result.stderr
+    assert not record.exists()
+
+
+def test_default_command_is_sglangs_launch_server():
+    assert launch_command(["--port", "30000"], env={}) == [
+        sys.executable, "-m", "sglang.launch_server", "--port", "30000",
+    ]  # fmt: skip
+
+
+def test_preflight_passes_when_plugin_backend_and_kernel_are_fine():
+    settings = VerifySettings(VerifyMode.ON)
+    assert preflight(settings, ARGS, env={}, check_kernel=lambda: None) == []
+    problems = preflight(settings, ARGS, env={}, check_kernel=lambda: "no kernel image for sm_120")
+    assert problems == ["no kernel image for sm_120"]
+    # off never checks anything
+    assert preflight(VerifySettings(), ["--attention-backend", "fa3"], {}, lambda: "x") == []
+
+
+def test_flag_values_reads_both_spellings():
+    args = ["--attention-backend", "triton", "--decode-attention-backend=fa3", "--x"]
+    assert flag_values(args, "--attention-backend") == ["triton"]
+    assert flag_values(args, "--decode-attention-backend") == ["fa3"]
+    assert flag_values(["--attention-backend"], "--attention-backend") == []

@@ -1,0 +1,58 @@
+"""KDTREE_VERIFY and the backend's other settings, parsed from an environment mapping."""
+
+import pytest
+
+from kdtree_inference.sglang.modes import SettingsError, VerifyMode, VerifySettings, parse_mode
+
+
+def test_defaults_are_off_and_documented_values():
+    settings = VerifySettings.from_env({})
+    assert settings == VerifySettings()
+    assert settings.mode is VerifyMode.OFF
+    assert (settings.validate_every, settings.shadow_every) == (100, 0)
+    assert (settings.atol, settings.rtol, settings.shadow_error_streak) == (0.02, 0.02, 3)
+    assert not settings.compares and not settings.needs_kernel
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [("", VerifyMode.OFF), ("off", VerifyMode.OFF), (" On ", VerifyMode.ON),
+     ("VALIDATE", VerifyMode.VALIDATE)],
+)  # fmt: skip
+def test_mode_values_are_case_insensitive(raw, mode):
+    assert parse_mode(raw) is mode
+
+
+def test_every_setting_is_read():
+    env = {
+        "KDTREE_VERIFY": "on",
+        "KDTREE_VALIDATE_EVERY": "7",
+        "KDTREE_SHADOW_EVERY": "3",
+        "KDTREE_VERIFY_ATOL": "0.5",
+        "KDTREE_VERIFY_RTOL": "0",
+        "KDTREE_SHADOW_ERROR_STREAK": "2",
+    }
+    settings = VerifySettings.from_env(env)
+    assert settings == VerifySettings(VerifyMode.ON, 7, 3, 0.5, 0.0, 2)
+    assert settings.compares and settings.needs_kernel
+    assert "shadow every 3 steps" in settings.describe()
+    assert not VerifySettings(VerifyMode.ON).compares  # on without shadow compares nothing
+    assert VerifySettings(VerifyMode.VALIDATE).compares
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"KDTREE_VERIFY": "yes"}, "KDTREE_VERIFY='yes': expected one of off|validate|on"),
+        ({"KDTREE_VALIDATE_EVERY": "0"}, "KDTREE_VALIDATE_EVERY='0'"),
+        ({"KDTREE_VALIDATE_EVERY": "ten"}, "KDTREE_VALIDATE_EVERY='ten'"),
+        ({"KDTREE_SHADOW_EVERY": "-1"}, "KDTREE_SHADOW_EVERY='-1'"),
+        ({"KDTREE_VERIFY_ATOL": "nan"}, "KDTREE_VERIFY_ATOL='nan'"),
+        ({"KDTREE_VERIFY_RTOL": "-0.1"}, "KDTREE_VERIFY_RTOL='-0.1'"),
+        ({"KDTREE_SHADOW_ERROR_STREAK": "0"}, "KDTREE_SHADOW_ERROR_STREAK='0'"),
+    ],
+)
+def test_bad_values_are_refused_by_name(env, named):
+    with pytest.raises(SettingsError) as error:
+        VerifySettings.from_env(env)
+    assert named in str(error.value)
