@@ -1,0 +1,332 @@
+"""HTTP API in SGLang 0.5.23's shapes: /generate, /health, /model_info, /metrics, /v1/completions.
+
+Responses are built the way SGLang's TokenizerManager builds them (``meta_info`` keys, logprob
+triples ``(logprob, token_id, text_or_None)``, finish reasons ``{"type": "length", "length": n}`` /
+``{"type": "stop", "matched": ...}``); errors are ``{"error": {"message": ...}}`` with 400 for
+client mistakes and 503 while the engine is not ready, never an unhandled 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from .protocol import CompletionRequestModel, RequestError, build_requests
+from .scheduler import Engine, GenerationRequest, GenerationResult
+
+log = logging.getLogger("kdtree_inference.engine.api")
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+class EngineAPI:
+    """Binds an ``Engine`` to a FastAPI app; one instance per server process."""
+
+    def __init__(self, engine: Engine, metrics: Any) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        engine.step_listeners.append(metrics.on_verify_step)
+        self.app = FastAPI(title="kdtree reference engine")
+        self._routes()
+
+    # ---- response building ----------------------------------------------------------------
+    def _logprob_triples(
+        self, pairs: list[tuple[float | None, int]], with_text: bool
+    ) -> list[list[Any]]:
+        tok = self.engine.tokenizer
+        return [[lp, t, tok.token_text(t) if with_text else None] for lp, t in pairs]
+
+    def _meta_info(
+        self, req: GenerationRequest, res: GenerationResult, with_text: bool
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": res.rid,
+            "finish_reason": res.finish_reason,
+            "prompt_tokens": res.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+        }
+        if req.return_logprob:
+            meta["input_token_logprobs"] = self._logprob_triples(
+                res.input_token_logprobs, with_text
+            )
+            meta["output_token_logprobs"] = self._logprob_triples(
+                res.output_token_logprobs, with_text
+            )
+            meta["output_token_logprobs_length"] = len(res.output_token_logprobs)
+            if req.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [
+                    self._logprob_triples(top, with_text) if top else None
+                    for top in res.input_top_logprobs
+                ]
+                meta["output_top_logprobs"] = [
+                    self._logprob_triples(top, with_text) for top in res.output_top_logprobs
+                ]
+        completion = len(res.output_ids)
+        meta |= {"reasoning_tokens": 0, "completion_tokens": completion, "cached_tokens": 0}
+        if res.finish_reason is not None:
+            meta["e2e_latency"] = res.e2e_latency
+            num_draft = self.engine.config.spec.num_draft_tokens
+            # Same formulas as TokenizerManager._calculate_spec_decoding_metrics.
+            if num_draft > 1 and res.spec_verify_ct > 0:
+                proposed = res.spec_verify_ct * (num_draft - 1)
+                meta["spec_accept_rate"] = res.spec_num_correct_drafts / proposed
+                meta["spec_accept_length"] = completion / res.spec_verify_ct
+                meta["spec_num_correct_drafts"] = res.spec_num_correct_drafts
+                meta["spec_num_proposed_drafts"] = proposed
+                meta["spec_verify_ct"] = res.spec_verify_ct
+        return meta
+
+    def _output(self, req: GenerationRequest, res: GenerationResult, with_text: bool) -> dict:
+        return {
+            "text": res.text,
+            "output_ids": list(res.output_ids),
+            "meta_info": self._meta_info(req, res, with_text),
+        }
+
+    def _record(self, req: GenerationRequest, res: GenerationResult) -> None:
+        attention = self.engine.config.attention
+        self.metrics.requests.labels(attention, "ok").inc()
+        self.metrics.prompt_tokens.labels(attention).inc(res.prompt_tokens)
+        self.metrics.generation_tokens.labels(attention).inc(len(res.output_ids))
+        self.metrics.latency.labels(attention).observe(res.e2e_latency)
+
+    async def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        futures = [asyncio.wrap_future(self.engine.submit(r)) for r in requests]
+        try:
+            results = await asyncio.gather(*futures)
+        except Exception:
+            self.metrics.requests.labels(self.engine.config.attention, "error").inc(len(requests))
+            raise
+        for req, res in zip(requests, results, strict=True):
+            self._record(req, res)
+        return list(results)
+
+    def _not_ready(self) -> JSONResponse | None:
+        if self.engine.failed is not None:
+            return _error(f"engine failed to start: {self.engine.failed}", 503)
+        if not self.engine.ready.is_set():
+            return _error("engine is starting", 503)
+        return None
+
+    @staticmethod
+    async def _json_body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"request body is not valid JSON: {exc}") from None
+
+    # ---- routes ----------------------------------------------------------------------------
+    def _routes(self) -> None:
+        app, engine = self.app, self.engine
+
+        @app.get("/health")
+        @app.get("/health_generate")
+        async def health() -> Response:
+            not_ready = self._not_ready()
+            return not_ready if not_ready is not None else Response(status_code=200)
+
+        @app.get("/model_info")
+        @app.get("/get_model_info")
+        async def model_info() -> dict:
+            cfg = engine.config
+            return {
+                "model_path": cfg.model_path,
+                "served_model_name": cfg.model_path,
+                "tokenizer_path": "byte-level",
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "safetensors" if cfg.weights_dir else "seeded",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "deepseek_v3",
+                "architectures": ["DeepseekV3ForCausalLM"],
+                # Not in SGLang: what this reference engine runs, for reports and the sidecar.
+                "kdtree_engine": {
+                    "attention_backend": cfg.attention,
+                    "device": cfg.device,
+                    "dtype": cfg.dtype,
+                    "seed": cfg.model.seed,
+                    "num_layers": cfg.model.num_layers,
+                    "num_heads": cfg.model.num_heads,
+                    "hidden_size": cfg.model.hidden_size,
+                    "vocab_size": cfg.model.vocab_size,
+                    "speculative_num_draft_tokens": cfg.spec.num_draft_tokens,
+                    "speculative_topk": cfg.spec.topk,
+                    "fault_layer": cfg.fault_layer,
+                    "fault_scale": cfg.fault_scale,
+                },
+            }
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            attention = engine.config.attention
+            self.metrics.ready.labels(attention).set(1.0 if engine.ready.is_set() else 0.0)
+            self.metrics.running.labels(attention).set(engine.num_running)
+            return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+        @app.api_route("/generate", methods=["POST", "PUT"])
+        async def generate(request: Request) -> Response:
+            not_ready = self._not_ready()
+            if not_ready is not None:
+                return not_ready
+            try:
+                body = await self._json_body(request)
+                if not isinstance(body, dict):
+                    raise RequestError("request body must be a JSON object")
+                requests, is_batch, parsed = build_requests(body, engine.config, engine.tokenizer)
+                with_text = parsed.return_text_in_logprobs
+                if parsed.stream:
+                    if is_batch:
+                        raise RequestError("stream is supported for single prompts only")
+                    return self._stream(requests[0], with_text)
+                results = await self.run(requests)
+            except RequestError as exc:
+                return _error(str(exc))
+            except ValueError as exc:  # e.g. a request larger than the whole KV pool
+                return _error(str(exc))
+            outputs = [
+                self._output(r, res, with_text) for r, res in zip(requests, results, strict=True)
+            ]
+            return JSONResponse(outputs if is_batch else outputs[0])
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            not_ready = self._not_ready()
+            if not_ready is not None:
+                return not_ready
+            try:
+                body = await self._json_body(request)
+                try:
+                    oa = CompletionRequestModel.model_validate(body)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    raise RequestError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+                if oa.stream:
+                    raise RequestError("stream is not supported on /v1/completions here")
+                if oa.n != 1 or oa.echo:
+                    raise RequestError("n > 1 and echo are not supported by the reference engine")
+                if oa.logprobs is not None and not 0 <= oa.logprobs <= 20:
+                    raise RequestError(f"logprobs must be in [0, 20], got {oa.logprobs}")
+                prompt = oa.prompt
+                key = (
+                    "text"
+                    if isinstance(prompt, str)
+                    or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str))
+                    else "input_ids"
+                )
+                sampling = {
+                    "max_new_tokens": oa.max_tokens,
+                    "temperature": oa.temperature,
+                    "top_p": oa.top_p,
+                    "stop": oa.stop,
+                    "ignore_eos": oa.ignore_eos,
+                    "sampling_seed": oa.seed,
+                }
+                if oa.top_k is not None:
+                    sampling["top_k"] = oa.top_k
+                gen_body = {
+                    key: prompt,
+                    "sampling_params": sampling,
+                    "return_logprob": oa.logprobs is not None,
+                    "top_logprobs_num": oa.logprobs or 0,
+                }
+                requests, _, _ = build_requests(gen_body, engine.config, engine.tokenizer)
+                results = await self.run(requests)
+            except (RequestError, ValueError) as exc:
+                return _error(str(exc))
+            return JSONResponse(self._completion_response(oa, requests, results))
+
+    def _completion_response(
+        self,
+        oa: CompletionRequestModel,
+        requests: list[GenerationRequest],
+        results: list[GenerationResult],
+    ) -> dict:
+        tok = self.engine.tokenizer
+        choices = []
+        for i, (req, res) in enumerate(zip(requests, results, strict=True)):
+            reason = res.finish_reason or {}
+            logprobs = None
+            if req.return_logprob:
+                logprobs = {
+                    "tokens": [tok.token_text(t) for t in res.output_ids],
+                    "token_logprobs": [lp for lp, _ in res.output_token_logprobs],
+                    "top_logprobs": [
+                        {tok.token_text(t): lp for lp, t in top} for top in res.output_top_logprobs
+                    ],
+                    "text_offset": [],
+                }
+            choices.append(
+                {
+                    "index": i,
+                    "text": res.text,
+                    "logprobs": logprobs,
+                    "finish_reason": reason.get("type"),
+                    "matched_stop": reason.get("matched"),
+                }
+            )
+        prompt_tokens = sum(r.prompt_tokens for r in results)
+        completion_tokens = sum(len(r.output_ids) for r in results)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": oa.model or self.engine.config.model_path,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _stream(self, req: GenerationRequest, with_text: bool) -> StreamingResponse:
+        """SSE like SGLang's non-incremental stream: every chunk carries the output so far."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue = asyncio.Queue()
+
+        def on_progress(res: GenerationResult) -> None:
+            snapshot = self._output(req, res, with_text)
+            loop.call_soon_threadsafe(updates.put_nowait, snapshot)
+
+        req.on_progress = on_progress
+        future = asyncio.wrap_future(self.engine.submit(req))
+
+        async def events():
+            while True:
+                getter = asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    chunk = getter.result()
+                    if chunk["meta_info"]["finish_reason"] is None:
+                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                        continue
+                else:
+                    getter.cancel()
+                try:
+                    res = await future
+                except Exception as exc:
+                    error = {"error": {"message": str(exc), "code": 400}}
+                    yield b"data: " + json.dumps(error).encode() + b"\n\n"
+                    break
+                self._record(req, res)
+                yield b"data: " + json.dumps(self._output(req, res, with_text)).encode() + b"\n\n"
+                break
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")

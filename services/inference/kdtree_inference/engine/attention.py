@@ -1,0 +1,127 @@
+"""Attention backends of the engine, all called with SGLang 0.5.23's target-verify layout.
+
+Every forward of the engine (prefill, plain decode and tree verify) is one ``extend`` in SGLang's
+sense: T new tokens per request attend to the request's committed prefix, addressed through
+``kv_indptr`` / ``kv_indices`` into the paged pool, plus the new tokens themselves, passed as
+``k_extend`` / ``v_extend`` (and already written to their ``out_cache_loc`` slots). Within the new
+tokens a flat ``custom_mask`` (row stride prefix + N) gives the tree; ``None`` means causal, which
+is what prefill and plain decode use. One code path therefore serves all three, and the verify op
+sees exactly the layout SGLang's TritonAttnBackend.forward_extend would hand it.
+
+Backends: ``reference`` (kdtree_verify.verify_attention_reference, plain float32 torch), ``op``
+(kdtree_verify.verify_attention: its CPU implementation on CPU tensors, the CUDA kernel on CUDA
+tensors) and ``triton`` (SGLang's ``extend_attention_fwd``; GPU, or CPU under TRITON_INTERPRET=1 in
+float32).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .config import ATTENTION_BACKENDS, KV_LORA_RANK
+
+
+@dataclass
+class ExtendMetadata:
+    """SGLang's forward metadata for one extend/verify forward of B requests."""
+
+    qo_indptr: torch.Tensor  # [B+1] int32: cumulative new-token counts
+    kv_indptr: torch.Tensor  # [B+1] int32: cumulative committed-prefix lengths
+    kv_indices: torch.Tensor  # [sum prefix] int64: pool slots of the prefixes, PREFIX ONLY
+    custom_mask: torch.Tensor | None  # flat bool, N x (prefix + N) per request; None = causal
+    mask_indptr: torch.Tensor | None  # [B+1] int64
+    out_cache_loc: torch.Tensor  # [T_total] int64: pool slots the new tokens' KV is written to
+    max_extend_len: int  # host-side max N (SGLang keeps it on the host too)
+
+
+# Signature every backend implements: (q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
+# -> out [T_total, H, 512] in q's dtype.
+AttentionFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, ExtendMetadata, float],
+    torch.Tensor,
+]
+
+# Observer: called with the exact keyword arguments each backend call receives (tests use it to
+# check the layout the op sees; it must not modify them).
+AttentionObserver = Callable[[dict], None]
+
+
+class AttentionBackend:
+    """One named backend plus optional observers of its calls."""
+
+    def __init__(self, name: str, device: str) -> None:
+        if name not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
+        self.name = name
+        self.device = device
+        self.observers: list[AttentionObserver] = []
+        self._fn = _load_backend(name, device)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_extend: torch.Tensor,
+        v_extend: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        meta: ExtendMetadata,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        for observer in self.observers:
+            observer(
+                dict(
+                    q=q, k_extend=k_extend, v_extend=v_extend, k_buffer=k_buffer,
+                    v_buffer=v_buffer, qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr,
+                    kv_indices=meta.kv_indices, custom_mask=meta.custom_mask,
+                    mask_indptr=meta.mask_indptr, out_cache_loc=meta.out_cache_loc,
+                    sm_scale=sm_scale,
+                )
+            )  # fmt: skip
+        return self._fn(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
+
+
+def _load_backend(name: str, device: str) -> AttentionFn:
+    if name == "reference":
+        from kdtree_verify import verify_attention_reference
+
+        return _kdtree_call(verify_attention_reference)
+    if name == "op":
+        from kdtree_verify import verify_attention
+
+        return _kdtree_call(verify_attention)
+    return _load_triton(device)
+
+
+def _kdtree_call(fn: Callable[..., torch.Tensor]) -> AttentionFn:
+    def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
+        return fn(
+            q, k_extend, v_extend, k_buffer, v_buffer, meta.qo_indptr, meta.kv_indptr,
+            meta.kv_indices, meta.custom_mask, meta.mask_indptr, sm_scale,
+        )  # fmt: skip
+
+    return call
+
+
+def _load_triton(device: str) -> AttentionFn:
+    if not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "the triton backend needs a CUDA device; on CPU it runs only under the Triton "
+            "interpreter: set TRITON_INTERPRET=1 before starting (float32 only, slow)"
+        )
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
+        out = torch.empty(*q.shape[:2], KV_LORA_RANK, dtype=q.dtype, device=q.device)
+        # The arguments TritonAttnBackend.forward_extend passes for a target-verify forward.
+        extend_attention_fwd(
+            q, k_extend.contiguous(), v_extend.contiguous(), out, k_buffer, v_buffer,
+            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, True,
+            meta.mask_indptr, meta.max_extend_len, 1.0, 1.0, sm_scale=sm_scale, page_size=1,
+        )  # fmt: skip
+        return out
+
+    return call

@@ -1,0 +1,116 @@
+"""Configuration of the embedded reference engine: the model's shape and the server's limits.
+
+Every knob has a default that gives the documented tiny model; the CLI (``__main__``) and the
+environment (``KDTREE_ENGINE_*``, ``KDTREE_VERIFY``) override them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+# The MLA geometry is DeepSeek-V3's and is fixed: the verify op is specialised to it.
+KV_LORA_RANK = 512  # latent (compressed KV) width = v head dim seen by attention
+QK_ROPE_HEAD_DIM = 64  # decoupled rope part of every key and query
+QK_HEAD_DIM_ABSORBED = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
+
+ATTENTION_BACKENDS = ("reference", "op", "triton")
+KDTREE_VERIFY_MODES = ("off", "validate", "on")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the tiny DeepSeek-V3-like decoder (absorbed MLA, SwiGLU MLP, RMSNorm)."""
+
+    vocab_size: int = 259  # 256 bytes + BOS + EOS + PAD (see tokenizer.py)
+    hidden_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 8
+    qk_nope_head_dim: int = 64  # per-head "nope" query width before absorption into the latent
+    v_head_dim: int = 64  # per-head output width after the latent is up-projected
+    q_lora_rank: int = 192
+    intermediate_size: int = 512
+    rope_theta: float = 10000.0
+    max_position: int = 4096
+    rms_norm_eps: float = 1e-6
+    # Logit scale: the seeded weights are multiplied so the greedy top-1 / top-2 gap is usually
+    # well away from a tie (python -m kdtree_inference.engine.margins prints the distribution).
+    logit_scale: float = 6.0
+    seed: int = 0
+
+    @property
+    def sm_scale(self) -> float:
+        # DeepSeek-V3 scales by the *unabsorbed* query width (nope + rope), not by 576.
+        return (self.qk_nope_head_dim + QK_ROPE_HEAD_DIM) ** -0.5
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Shape of the draft tree proposed at every decode step.
+
+    ``num_draft_tokens`` counts the tree's root (the last committed token, whose KV is not yet in
+    the pool) like SGLang's ``speculative_num_draft_tokens``; 1 means plain decoding.
+    """
+
+    num_draft_tokens: int = 8
+    topk: int = 2  # children per node the drafter may branch into
+    max_depth: int = 6
+    ngram_max: int = 3  # longest suffix the prompt-lookup drafter tries to match
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.topk < 1 or self.max_depth < 1:
+            raise ValueError("topk and max_depth must be >= 1")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the scheduler and the HTTP layer need besides the model weights."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    attention: str = "reference"
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_pool_size: int = 65536  # KV slots per layer
+    max_batch_size: int = 16  # requests decoded together in one verify forward
+    max_prompt_tokens: int = 2048
+    max_new_tokens_limit: int = 1024
+    max_batch_request: int = 64  # prompts in one batched /generate call
+    model_path: str = "kdtree-tiny-mla"
+    weights_dir: str | None = None
+    fault_layer: int | None = None
+    fault_scale: float = 1.0
+    warmup_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
+            )
+        if self.fault_layer is not None and not 0 <= self.fault_layer < self.model.num_layers:
+            raise ValueError(
+                f"fault layer {self.fault_layer} out of range [0, {self.model.num_layers})"
+            )
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+def default_attention_backend(device: str, kdtree_verify: str | None = None) -> str:
+    """The backend KDTREE_VERIFY selects, with the SGLang backend's meaning.
+
+    off -> the baseline (plain torch reference on CPU, SGLang's Triton kernel on GPU);
+    on / validate -> our verify op (validate additionally checks inputs inside the op, which is the
+    op's own business, so it selects the op here too).
+    """
+    mode = kdtree_verify if kdtree_verify is not None else os.environ.get("KDTREE_VERIFY", "off")
+    mode = mode.strip().lower() or "off"
+    if mode not in KDTREE_VERIFY_MODES:
+        raise ValueError(f"KDTREE_VERIFY must be one of {KDTREE_VERIFY_MODES}, got {mode!r}")
+    if mode == "off":
+        return "triton" if device.startswith("cuda") else "reference"
+    return "op"

@@ -1,0 +1,53 @@
+"""Prometheus metrics of one engine process (a private registry, served at GET /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class EngineMetrics:
+    def __init__(self, attention: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["attention"]
+        self.attention = attention
+        self.requests = Counter(
+            "kdtree_engine_requests", "Generation requests by outcome", [*labels, "outcome"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "kdtree_engine_prompt_tokens", "Prompt tokens prefilled", labels, registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "kdtree_engine_generation_tokens", "Output tokens generated", labels,
+            registry=self.registry,
+        )  # fmt: skip
+        self.verify_steps = Counter(
+            "kdtree_engine_spec_verify_steps", "Verify forwards per request (draft tree checks)",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self.drafts_proposed = Counter(
+            "kdtree_engine_spec_draft_tokens_proposed", "Draft tokens proposed (tree minus root)",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self.drafts_accepted = Counter(
+            "kdtree_engine_spec_draft_tokens_accepted", "Draft tokens accepted by verification",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "kdtree_engine_request_latency_seconds", "End-to-end latency of finished requests",
+            labels, registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )  # fmt: skip
+        self.ready = Gauge("kdtree_engine_ready", "1 once warm", labels, registry=self.registry)
+        self.running = Gauge(
+            "kdtree_engine_running_requests", "Requests being decoded", labels,
+            registry=self.registry,
+        )  # fmt: skip
+
+    def on_verify_step(self, attention: str, proposed: int, accepted: int, emitted: int) -> None:
+        self.verify_steps.labels(attention).inc()
+        self.drafts_proposed.labels(attention).inc(proposed)
+        self.drafts_accepted.labels(attention).inc(accepted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,257 @@
+"""Request models with SGLang 0.5.23's field names, and their translation to engine requests.
+
+Validation mirrors SGLang: ``sampling_params`` rejects unknown keys (SGLang's msgspec
+SamplingParams does) and range-checks like ``SamplingParams.verify``. SGLang features the reference
+engine does not implement (grammars, penalties, n > 1, ...) are refused when set to anything but
+their default, with a message, instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .config import EngineConfig
+from .scheduler import GenerationRequest
+from .tokenizer import ByteTokenizer
+
+TOP_K_ALL = 1 << 30  # SGLang's "no top-k" sentinel
+_rid_counter = itertools.count()
+
+
+class RequestError(ValueError):
+    """A client error: answered with HTTP 400 and ``{"error": {"message": ...}}``."""
+
+
+class SamplingParamsModel(BaseModel):
+    """SGLang SamplingParams' API fields (same names and defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int | None = 128
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    n: int = 1
+    beam_width: int | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stream_interval: int | None = None
+    logit_bias: dict[str, float] | None = None
+    sampling_seed: int | None = None
+    custom_params: dict[str, Any] | None = None
+    watermark: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_mean_default(cls, data: Any) -> Any:
+        # SGLang treats null as "use the default" for its non-optional fields.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k == "max_new_tokens"}
+        return data
+
+
+class GenerateRequestModel(BaseModel):
+    """The subset of SGLang's GenerateReqInput this engine serves; other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    if err["type"] == "extra_forbidden":
+        return f"unknown sampling parameter {where!r}"
+    return f"{where}: {err['msg']}"
+
+
+def parse_sampling_params(raw: dict[str, Any], vocab_size: int) -> SamplingParamsModel:
+    try:
+        sp = SamplingParamsModel.model_validate(raw)
+    except ValidationError as exc:
+        raise RequestError(_first_error(exc)) from None
+    # Range checks in SamplingParams.verify's words.
+    if sp.temperature < 0.0 or sp.temperature != sp.temperature or sp.temperature == float("inf"):
+        raise RequestError(
+            f"temperature must be a non-negative finite number, got {sp.temperature}."
+        )
+    if not 0.0 < sp.top_p <= 1.0:
+        raise RequestError(f"top_p must be in (0, 1], got {sp.top_p}.")
+    if not 0.0 <= sp.min_p <= 1.0:
+        raise RequestError(f"min_p must be in [0, 1], got {sp.min_p}.")
+    if sp.top_k < 1 and sp.top_k != -1:
+        raise RequestError(f"top_k must be -1 (disable) or at least 1, got {sp.top_k}.")
+    if sp.max_new_tokens is not None and sp.max_new_tokens < 0:
+        raise RequestError(f"max_new_tokens must be at least 0, got {sp.max_new_tokens}.")
+    if sp.stop_token_ids and any(not 0 <= t < vocab_size for t in sp.stop_token_ids):
+        raise RequestError(f"stop_token_ids must be in [0, {vocab_size - 1}]")
+    unsupported = {
+        "stop_regex": sp.stop_regex is not None,
+        "frequency_penalty": sp.frequency_penalty != 0.0,
+        "presence_penalty": sp.presence_penalty != 0.0,
+        "repetition_penalty": sp.repetition_penalty != 1.0,
+        "min_new_tokens": sp.min_new_tokens != 0,
+        "n": sp.n != 1,
+        "beam_width": sp.beam_width is not None,
+        "json_schema": sp.json_schema is not None,
+        "regex": sp.regex is not None,
+        "ebnf": sp.ebnf is not None,
+        "structural_tag": sp.structural_tag is not None,
+        "logit_bias": bool(sp.logit_bias),
+        "custom_params": bool(sp.custom_params),
+        "watermark": sp.watermark is not None,
+    }
+    refused = [name for name, is_set in unsupported.items() if is_set]
+    if refused:
+        raise RequestError(f"sampling parameter(s) {refused} not supported by the reference engine")
+    return sp
+
+
+def _per_item(value: Any, count: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise RequestError(f"{name} has {len(value)} entries for a batch of {count}")
+        return value
+    return [value] * count
+
+
+def build_requests(
+    body: dict[str, Any], config: EngineConfig, tokenizer: ByteTokenizer
+) -> tuple[list[GenerationRequest], bool, GenerateRequestModel]:
+    """Engine requests for one /generate body, and whether the body was a batch."""
+    try:
+        req = GenerateRequestModel.model_validate(body)
+    except ValidationError as exc:
+        raise RequestError(_first_error(exc)) from None
+    if (req.text is None) == (req.input_ids is None):
+        raise RequestError("Either text or input_ids should be provided (exactly one).")
+    if req.text is not None:
+        is_batch = isinstance(req.text, list)
+        texts = req.text if is_batch else [req.text]
+        prompts = [tokenizer.encode(t) for t in texts]
+    else:
+        is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+        prompts = req.input_ids if is_batch else [req.input_ids]
+    count = len(prompts)
+    if count == 0:
+        raise RequestError("empty batch")
+    if count > config.max_batch_request:
+        raise RequestError(
+            f"batch of {count} prompts exceeds the limit of {config.max_batch_request}"
+        )
+    params = _per_item(req.sampling_params or {}, count, "sampling_params")
+    rids = _per_item(req.rid, count, "rid") if isinstance(req.rid, list) else None
+    want_logprob = _per_item(req.return_logprob or False, count, "return_logprob")
+    start_lens = _per_item(
+        req.logprob_start_len if req.logprob_start_len is not None else -1,
+        count,
+        "logprob_start_len",
+    )
+    top_nums = _per_item(req.top_logprobs_num or 0, count, "top_logprobs_num")
+    vocab = config.model.vocab_size
+    out = []
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        if len(prompt) > config.max_prompt_tokens:
+            raise RequestError(
+                f"prompt has {len(prompt)} tokens, the limit is {config.max_prompt_tokens}"
+            )
+        if any(not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"input_ids must be in [0, {vocab - 1}]")
+        sp = parse_sampling_params(params[i], vocab)
+        max_new = (
+            sp.max_new_tokens if sp.max_new_tokens is not None else config.max_new_tokens_limit
+        )
+        if max_new > config.max_new_tokens_limit:
+            raise RequestError(
+                f"max_new_tokens={max_new} exceeds the limit of {config.max_new_tokens_limit}"
+            )
+        if len(prompt) + max_new >= config.model.max_position:
+            raise RequestError(
+                f"prompt + max_new_tokens = {len(prompt) + max_new} exceeds the model's context "
+                f"of {config.model.max_position}"
+            )
+        top_n = int(top_nums[i])
+        if not 0 <= top_n <= vocab:
+            raise RequestError(f"top_logprobs_num must be in [0, {vocab}], got {top_n}")
+        start = int(start_lens[i])
+        if want_logprob[i] and start > len(prompt):
+            raise RequestError(
+                f"logprob_start_len={start} is higher than the number of input tokens {len(prompt)}"
+            )
+        if rids is not None:
+            rid = rids[i]
+        elif req.rid is not None:
+            rid = req.rid if count == 1 else f"{req.rid}_{i}"
+        else:
+            rid = f"req-{next(_rid_counter)}"
+        stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+        out.append(
+            GenerationRequest(
+                rid=rid,
+                input_ids=list(prompt),
+                max_new_tokens=max_new,
+                temperature=sp.temperature,
+                top_k=-1 if sp.top_k >= TOP_K_ALL else sp.top_k,
+                top_p=sp.top_p,
+                min_p=sp.min_p,
+                ignore_eos=sp.ignore_eos,
+                stop_strs=stops,
+                stop_token_ids=set(sp.stop_token_ids or []),
+                no_stop_trim=sp.no_stop_trim,
+                skip_special_tokens=sp.skip_special_tokens,
+                return_logprob=bool(want_logprob[i]),
+                top_logprobs_num=top_n if want_logprob[i] else 0,
+                # -1 = output logprobs only (SGLang resolves it to len(input_ids)).
+                logprob_start_len=start if start >= 0 else -1,
+                sampling_seed=sp.sampling_seed,
+            )
+        )
+    return out, is_batch, req
+
+
+class CompletionRequestModel(BaseModel):
+    """OpenAI /v1/completions (the fields a plain client sends)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    logprobs: int | None = None
+    echo: bool = False
+    stream: bool = False
+    seed: int | None = None
+    ignore_eos: bool = False

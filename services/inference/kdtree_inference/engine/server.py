@@ -1,0 +1,128 @@
+"""Builds the engine from CLI options and serves it with uvicorn (used by ``__main__``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+
+import torch
+
+from .config import (
+    ATTENTION_BACKENDS,
+    EngineConfig,
+    ModelConfig,
+    SpecConfig,
+    default_attention_backend,
+)
+
+log = logging.getLogger("kdtree_inference.engine")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kdtree-engine",
+        description="kdtree's embedded reference inference server: a tiny DeepSeek-V3-shaped MLA "
+        "model behind SGLang's HTTP API, with tree speculative decoding over the verify op.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=30000, help="port (SGLang's default 30000)")
+    p.add_argument(
+        "--attention", choices=ATTENTION_BACKENDS, default=None,
+        help="attention backend; default from KDTREE_VERIFY (off -> reference on CPU / triton on "
+        "GPU, validate|on -> op)",
+    )  # fmt: skip
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="model and KV dtype (default float32 on CPU, bfloat16 on GPU)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="weight seed: same seed, same model")
+    p.add_argument("--num-layers", type=int, default=ModelConfig.num_layers)
+    p.add_argument("--num-heads", type=int, default=ModelConfig.num_heads)
+    p.add_argument("--hidden-size", type=int, default=ModelConfig.hidden_size)
+    p.add_argument("--weights-dir", default=os.environ.get("KDTREE_ENGINE_WEIGHTS") or None,
+                   help="load model.safetensors from this directory instead of seeded weights")  # fmt: skip
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=SpecConfig.num_draft_tokens,
+                   help="draft tree size incl. its root (SGLang's name); 1 = plain decoding")  # fmt: skip
+    p.add_argument("--speculative-eagle-topk", type=int, default=SpecConfig.topk,
+                   help="children per draft-tree node")  # fmt: skip
+    p.add_argument("--speculative-num-steps", type=int, default=SpecConfig.max_depth,
+                   help="maximum depth of the draft tree")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
+    p.add_argument("--kv-pool-size", type=int, default=EngineConfig.kv_pool_size)
+    p.add_argument("--max-prompt-tokens", type=int, default=EngineConfig.max_prompt_tokens)
+    p.add_argument("--max-new-tokens-limit", type=int, default=EngineConfig.max_new_tokens_limit)
+    p.add_argument("--fault-layer", type=int, default=None,
+                   help="TEST ONLY: scale this layer's attention output (a deliberately wrong "
+                   "candidate)")  # fmt: skip
+    p.add_argument(
+        "--fault-scale", type=float, default=1.0, help="TEST ONLY: factor for --fault-layer"
+    )
+    p.add_argument("--warmup-delay", type=float, default=0.0,
+                   help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    attention = args.attention or default_attention_backend(device)
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    model = ModelConfig(
+        seed=args.seed,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        hidden_size=args.hidden_size,
+    )
+    spec = SpecConfig(
+        num_draft_tokens=args.speculative_num_draft_tokens,
+        topk=args.speculative_eagle_topk,
+        max_depth=args.speculative_num_steps,
+    )
+    return EngineConfig(
+        model=model,
+        spec=spec,
+        attention=attention,
+        device=device,
+        dtype=dtype,
+        kv_pool_size=args.kv_pool_size,
+        max_batch_size=args.max_batch_size,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens_limit=args.max_new_tokens_limit,
+        weights_dir=args.weights_dir,
+        fault_layer=args.fault_layer,
+        fault_scale=args.fault_scale,
+        warmup_delay_s=args.warmup_delay,
+    )
+
+
+def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -> int:
+    """Run until SIGINT/SIGTERM (exit 0) or until the engine fails to start (exit 1)."""
+    import uvicorn
+
+    from .api import EngineAPI
+    from .metrics import EngineMetrics
+    from .scheduler import Engine
+
+    engine = Engine(config)
+    api = EngineAPI(engine, EngineMetrics(config.attention))
+    server = uvicorn.Server(
+        uvicorn.Config(api.app, host=host, port=port, log_level=log_level, access_log=False)
+    )
+
+    def watch_startup() -> None:
+        while not engine.ready.wait(0.2):
+            if engine.failed is not None:
+                log.error("engine failed to start, shutting the server down: %s", engine.failed)
+                server.should_exit = True
+                return
+
+    log.info("kdtree engine: attention=%s device=%s dtype=%s on http://%s:%d",
+             config.attention, config.device, config.dtype, host, port)  # fmt: skip
+    engine.start()
+    threading.Thread(target=watch_startup, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        engine.stop()
+    return 1 if engine.failed is not None else 0
