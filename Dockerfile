@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1.7
 # kdtree images. Targets (docker build --target NAME):
-#   inference  SGLang 0.5.23 + its torch + the kdtree-verify kernel wheel + kdtree_inference;
+#   inference  SGLang 0.5.23 + its torch + kdtree-verify with its compiled kernel + kdtree_inference;
 #              entrypoint kdtree-serve (SGLang's arguments pass through; KDTREE_VERIFY picks the path)
 #   parity     the parity sidecar alone (no torch): entrypoint kdtree-parity
 #   demo       the CPU reference engine (tiny MLA model, no GPU): entrypoint kdtree-engine
@@ -35,24 +35,28 @@ RUN apt-get update \
     && python3 -m venv "${VIRTUAL_ENV}"
 
 # ---------------------------------------------------------------------------------------------
-# The kdtree-verify wheel with the CUDA extension for KDTREE_CUDA_ARCHS (";"-separated sm numbers).
+# The CUDA extension, compiled ahead of time for KDTREE_CUDA_ARCHS (";"-separated sm numbers) by
+# `make kernel` (torch.utils.cpp_extension into KDTREE_BUILD_DIR). No GPU is needed to compile.
 FROM cuda-python AS kernel-build
 ARG TORCH_VERSION
 ARG KDTREE_CUDA_ARCHS="80;90;120"
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
+    KDTREE_BUILD_DIR=/opt/kdtree/kernel-build \
+    KDTREE_BUILD_WITHOUT_GPU=1 \
     VENV=/opt/venv \
     MAX_JOBS=8
-RUN pip install "torch==${TORCH_VERSION}" "setuptools==80.9.0" "wheel==0.45.1" \
-        "pybind11==3.1.0" "ninja==1.13.2"
-WORKDIR /src
+RUN pip install "torch==${TORCH_VERSION}" "ninja==1.13.2" "setuptools==80.9.0" "wheel==0.45.1"
+WORKDIR /opt/kdtree
+# The Makefile and the files its `setup` prerequisite names; this venv stands in for .venv.
 COPY Makefile pyproject.toml ./
 COPY scripts/ scripts/
 COPY requirements/ requirements/
+COPY services/inference/pyproject.toml services/inference/pyproject.toml
+COPY services/parity/pyproject.toml services/parity/pyproject.toml
 COPY kernel/ kernel/
-# make's prerequisite check for `setup` is satisfied by this venv: the dev tools are not needed here.
-RUN touch "${VENV}/.setup-done" \
-    && make kernel \
-    && pip wheel --no-deps --no-build-isolation --wheel-dir /wheels ./kernel
+RUN pip install --no-deps --no-build-isolation --editable ./kernel \
+    && touch "${VENV}/.setup-done" \
+    && make kernel
 
 # ---------------------------------------------------------------------------------------------
 FROM cuda-python AS inference
@@ -70,11 +74,19 @@ LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION}
       io.kdtree.torch.version="${TORCH_VERSION}" \
       io.kdtree.cuda.version="${CUDA_VERSION}" \
       io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
-RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}"
-COPY --from=kernel-build /wheels/ /wheels/
-COPY services/inference/ /src/services/inference/
-RUN pip install /wheels/*.whl /src/services/inference \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
+RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2"
+# The op loads the compiled extension from KDTREE_BUILD_DIR through cpp_extension, which checks
+# it against the sources (kernel/csrc) and takes a lock there: same paths as in kernel-build, and
+# the build directory writable by the runtime user.
+ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
+    KDTREE_BUILD_DIR=/opt/kdtree/kernel-build
+COPY --from=kernel-build /opt/kdtree/kernel/ /opt/kdtree/kernel/
+COPY --from=kernel-build /opt/kdtree/kernel-build/ /opt/kdtree/kernel-build/
+COPY services/inference/ /opt/kdtree/services/inference/
+RUN pip install --no-deps --editable /opt/kdtree/kernel \
+    && pip install /opt/kdtree/services/inference \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
+    && chown -R 10001 /opt/kdtree/kernel-build
 USER 10001
 WORKDIR /home/kdtree
 # KDTREE_VERIFY: off (stock SGLang), validate (both, serve SGLang's), on (serve the kernel).
@@ -97,8 +109,8 @@ LABEL org.opencontainers.image.title="kdtree parity sidecar" \
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
-COPY services/parity/ /src/services/parity/
-RUN pip install /src/services/parity \
+COPY services/parity/ /opt/kdtree/services/parity/
+RUN pip install /opt/kdtree/services/parity \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && mkdir -p /reports && chown kdtree /reports
 USER 10001
@@ -122,9 +134,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     KDTREE_HEALTH_PORT=30000
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
-COPY kernel/ /src/kernel/
-COPY services/inference/ /src/services/inference/
-RUN pip install /src/kernel /src/services/inference \
+COPY kernel/ /opt/kdtree/kernel/
+COPY services/inference/ /opt/kdtree/services/inference/
+RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
 USER 10001
 WORKDIR /home/kdtree

@@ -25,6 +25,7 @@ test: lint
 COMPOSE ?= docker compose
 PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
 PROMOTE_ARGS ?=
+export KDTREE_PARITY_USER ?= $(shell id -u):$(shell id -g)
 
 .PHONY: up down serve promote rollback
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from compose_model import command_args, enabled_services, gpu_devices, load_compose
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -34,69 +33,6 @@ def _tool(name: str) -> str:
 
 def _run(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-# --------------------------------------------------------------------------- compose helpers
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])((?:[^{}]|\{[^{}]*\})*))?\}")
-
-
-def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message} over the whole tree."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(match: re.Match) -> str:
-        name, operator, argument = match.group(1), match.group(2), match.group(3) or ""
-        current = env.get(name)
-        if operator == ":-":
-            return current if current else interpolate(argument, env)
-        if operator == "-":
-            return current if current is not None else interpolate(argument, env)
-        if operator == ":?" and not current:
-            raise KeyError(f"{name}: {argument}")
-        return current or ""
-
-    return _VAR.sub(substitute, value).replace("$$", "$")
-
-
-def dotenv() -> dict[str, str]:
-    pairs = {}
-    for line in (ROOT / ".env").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def load_compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    raw = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    raw = {k: v for k, v in raw.items() if not k.startswith("x-")}
-    return interpolate(raw, {**dotenv(), **(env or {})})
-
-
-def enabled_services(compose: dict[str, Any], profiles: list[str] | None) -> set[str]:
-    """What `docker compose [--profile P ...] up` starts: a --profile flag replaces .env's."""
-    active = set(profiles) if profiles else set(dotenv().get("COMPOSE_PROFILES", "").split(","))
-    return {
-        name
-        for name, service in compose["services"].items()
-        if not service.get("profiles") or active & set(service["profiles"])
-    }
-
-
-def command_args(service: dict[str, Any]) -> list[str]:
-    command = service["command"]
-    return shlex.split(command) if isinstance(command, str) else list(command)
-
-
-def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
-    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
-    return [d for d in devices.get("devices", []) if "gpu" in d.get("capabilities", [])]
 
 
 # --------------------------------------------------------------------------- the linters
@@ -313,7 +249,12 @@ def test_inference_image_contract() -> None:
         "io.kdtree.cuda.archs",
     ):
         assert label in stage
-    assert "COPY --from=kernel-build /wheels/" in stage
+    # The compiled extension travels from the builder, with the sources cpp_extension checks it by.
+    assert "COPY --from=kernel-build /opt/kdtree/kernel-build/ /opt/kdtree/kernel-build/" in stage
+    assert "COPY --from=kernel-build /opt/kdtree/kernel/ /opt/kdtree/kernel/" in stage
+    assert "KDTREE_BUILD_DIR=/opt/kdtree/kernel-build" in "\n".join(
+        dockerfile_stages()["kernel-build"]
+    )
     assert re.search(r'pip install "sglang==\$\{SGLANG_VERSION\}"', stage)
     args = "\n".join(dockerfile_stages()["__args__"])
     assert "ARG SGLANG_VERSION=0.5.23" in args and "ARG TORCH_VERSION=2.14.1" in args

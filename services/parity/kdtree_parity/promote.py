@@ -192,7 +192,7 @@ class GateResult:
     report_sha256: str
     corpus_sha256: str
     policy: Any
-    run_id: str | None
+    run_id: str
 
 
 def sha256_file(path: Path) -> str:
@@ -207,36 +207,39 @@ def _reason_text(reason: Any) -> str:
     return str(reason)
 
 
+def find_report(out_dir: Path) -> Path:
+    """The sidecar writes ``OUT/<its run id>/report.json``; a gate's OUT is fresh, so one."""
+    found = sorted(out_dir.glob("*/report.json"))
+    if len(found) != 1:
+        raise PromotionError(f"expected one report.json under {out_dir}, found {len(found)}")
+    return found[0]
+
+
 def read_gate_report(out_dir: Path, exit_code: int) -> GateResult:
-    """Read ``report.json`` the sidecar wrote and check it agrees with its exit code."""
+    """Read the ``report.json`` the sidecar wrote and check it agrees with its exit code."""
     if exit_code not in GATE_EXIT_VERDICTS:
         raise PromotionError(
             f"the parity sidecar exited {exit_code}, which is not a verdict (0 pass, 1 fail, "
             "2 error): it crashed or was killed"
         )
-    report_path = out_dir / "report.json"
-    if not report_path.is_file():
-        raise PromotionError(f"the parity sidecar exited {exit_code} but wrote no {report_path}")
     try:
+        report_path = find_report(out_dir)
         report = json.loads(report_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PromotionError(f"{report_path} is not readable JSON: {exc}") from exc
-    verdict_block = report.get("verdict")
-    verdict = verdict_block.get("status") if isinstance(verdict_block, Mapping) else verdict_block
-    reasons = verdict_block.get("reasons", []) if isinstance(verdict_block, Mapping) else []
-    corpus = report.get("corpus") or {}
-    corpus_sha256 = corpus.get("sha256") if isinstance(corpus, Mapping) else None
-    policy = report.get("policy")
-    if verdict not in GATE_EXIT_VERDICTS.values():
-        raise PromotionError(f"{report_path} carries no verdict (found {verdict!r})")
+        verdict = report["verdict"]["status"]
+        reasons = report["verdict"]["reasons"]
+        corpus_sha256 = report["corpus"]["sha256"]
+        policy = report["policy"]
+        run_id = report["run"]["id"]
+    except PromotionError as exc:
+        raise PromotionError(f"the parity sidecar exited {exit_code} but: {exc}") from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PromotionError(
+            f"the report under {out_dir} is unreadable or incomplete: {exc!r}"
+        ) from exc
     if verdict != GATE_EXIT_VERDICTS[exit_code]:
         raise PromotionError(
             f"the sidecar exited {exit_code} ({GATE_EXIT_VERDICTS[exit_code]}) but its report "
             f"says {verdict!r}: refusing to trust either"
-        )
-    if not corpus_sha256 or policy is None:
-        raise PromotionError(
-            f"{report_path} lacks the corpus sha256 or the policy it was judged by"
         )
     return GateResult(
         exit_code=exit_code,
@@ -246,7 +249,7 @@ def read_gate_report(out_dir: Path, exit_code: int) -> GateResult:
         report_sha256=sha256_file(report_path),
         corpus_sha256=str(corpus_sha256),
         policy=policy,
-        run_id=report.get("run_id"),
+        run_id=run_id,
     )
 
 
@@ -315,7 +318,7 @@ class GateOutcome:
     candidate_digest: str
     baseline_ref: str
     baseline_digest: str
-    run_id: str
+    out_dir: Path
     result: GateResult
 
 
@@ -364,6 +367,8 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
         "KDTREE_PARITY_IMAGE": parity_ref,
         "KDTREE_RUN_ID": run_id,
         "KDTREE_REPORTS_DIR": str(reports_dir),
+        # The sidecar writes its report into our bind-mounted directory as us.
+        "KDTREE_PARITY_USER": f"{os.getuid()}:{os.getgid()}",
     }
     compose = Docker(docker.executable, {**docker.env, **compose_env})
     compose_args = ["compose", "--file", str(settings.compose_file)]
@@ -392,7 +397,7 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
         candidate_digest=candidate_digest,
         baseline_ref=baseline_ref,
         baseline_digest=baseline_digest,
-        run_id=run_id,
+        out_dir=out_dir,
         result=read_gate_report(out_dir, gate_exit),
     )
 
@@ -440,7 +445,7 @@ def promote(settings: PromoteSettings, docker: Docker, source_dirty: bool = Fals
         "baseline": {"ref": outcome.baseline_ref, "digest": outcome.baseline_digest},
         "source": {"revision": settings.revision, "dirty": source_dirty},
         "gate": {
-            "run_id": gate.run_id or outcome.run_id,
+            "run_id": gate.run_id,
             "verdict": gate.verdict,
             "exit_code": gate.exit_code,
             "reasons": gate.reasons,

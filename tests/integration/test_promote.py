@@ -1,0 +1,267 @@
+"""`make promote` / `make rollback` end to end, with a stand-in ``docker`` and real servers.
+
+The stand-in (fake_docker.py) records its calls and keeps an image store; the gate inside it is
+the real ``kdtree-parity`` CLI, run with the parity service's command from compose.yaml against
+real reference-engine servers on loopback (baseline KDTREE_VERIFY=off, candidate on). A small
+corpus and policy keep each gate run to seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORT = ROOT / "services" / "parity" / "kdtree_parity"
+IMAGE = "kdtree/inference"
+STABLE = f"{IMAGE}:stable"
+
+
+@dataclass
+class Stage:
+    """A promotion sandbox: stand-in docker on PATH, records and reports directories."""
+
+    root: Path
+    env: dict[str, str]
+
+    @property
+    def records(self) -> Path:
+        return self.root / "promotions"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def make(self, verb: str, *args: str) -> subprocess.CompletedProcess:
+        """The Makefile verb, as a user types it."""
+        return subprocess.run(
+            [
+                "make",
+                "--no-print-directory",
+                "-C",
+                str(ROOT),
+                verb,
+                f"PROMOTE_ARGS={' '.join(args)}",
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    def promote(self, revision: str, *extra: str) -> subprocess.CompletedProcess:
+        return self.make(
+            "promote",
+            f"--revision {revision} --records {self.records} --reports {self.reports}",
+            *extra,
+        )
+
+    def rollback(self) -> subprocess.CompletedProcess:
+        return self.make("rollback", f"--records {self.records} --reason drill")
+
+    def calls(self) -> list[list[str]]:
+        path = self.root / "docker" / "calls.jsonl"
+        return (
+            [json.loads(line)["argv"] for line in path.read_text().splitlines()]
+            if path.exists()
+            else []
+        )
+
+    def images(self) -> dict[str, str]:
+        path = self.root / "docker" / "images.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def record_files(self) -> list[Path]:
+        return sorted(self.records.glob("*.json")) if self.records.exists() else []
+
+    def tag_calls(self) -> list[list[str]]:
+        return [c for c in self.calls() if c[0] in {"tag", "push"}]
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> Callable[..., Stage]:
+    """Build a sandbox whose compose services point at the given server URLs."""
+
+    def make_stage(urls: dict[str, str], **env: str) -> Stage:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        docker = bin_dir / "docker"
+        docker.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests/integration/fake_docker.py"}" "$@"\n'
+        )
+        docker.chmod(0o755)
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text(
+            "".join((SHORT / "corpora" / "short.jsonl").read_text().splitlines(True)[:4])
+        )
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(
+            (SHORT / "policies" / "short.yaml")
+            .read_text()
+            .replace("max_new_tokens: 16", "max_new_tokens: 8")
+            .replace("min_prompts: 20", "min_prompts: 4")
+        )
+        full_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("KDTREE_")},
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "FAKE_DOCKER_STATE": str(tmp_path / "docker"),
+            "FAKE_DOCKER_URLS": json.dumps(urls),
+            "KDTREE_PARITY_CORPUS": str(corpus),
+            "KDTREE_PARITY_POLICY": str(policy),
+            **env,
+        }
+        return Stage(tmp_path, full_env)
+
+    return make_stage
+
+
+def _pair(reference_server: Callable[..., str], **candidate_options: Any) -> dict[str, str]:
+    return {
+        "inference-baseline": reference_server(env={"KDTREE_VERIFY": "off"}),
+        "inference-candidate": reference_server(env={"KDTREE_VERIFY": "on"}, **candidate_options),
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -> None:
+    sandbox = stage(_pair(reference_server))
+
+    first = sandbox.promote("rev1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    images = sandbox.images()
+    assert images[STABLE] == images[f"{IMAGE}:rev1"]
+    assert ["tag", images[f"{IMAGE}:rev1"], STABLE] in sandbox.calls()
+    # The flow, in order: build both images, start the pair healthy, run the sidecar, stop.
+    verbs = [c[:2] if c[0] != "compose" else c[3:5] for c in sandbox.calls()]
+    assert verbs.index(["build", "--build-arg"]) < verbs.index(["up", "--detach"])
+    assert verbs.index(["up", "--detach"]) < verbs.index(["run", "--rm"]) < verbs.index(["down"])
+    up = next(c for c in sandbox.calls() if c[3:4] == ["up"])
+    assert "--wait" in up and up[-2:] == ["inference-baseline", "inference-candidate"]
+    assert not any(c[0] == "push" for c in sandbox.calls())
+
+    [record_path] = sandbox.record_files()
+    record = json.loads(record_path.read_text())
+    report = Path(record["gate"]["report"])
+    report_json = json.loads(report.read_text())
+    assert record["action"] == "promote" and record["sequence"] == 1
+    assert record["digest"] == record["candidate"]["digest"] == images[f"{IMAGE}:rev1"]
+    assert record["baseline"] == {"ref": f"{IMAGE}:rev1", "digest": images[f"{IMAGE}:rev1"]}
+    assert record["previous_digest"] is None
+    assert record["gate"]["verdict"] == "pass" and record["gate"]["exit_code"] == 0
+    assert record["gate"]["report_sha256"] == _sha256(report)
+    assert record["gate"]["corpus_sha256"] == report_json["corpus"]["sha256"]
+    assert record["gate"]["corpus_sha256"] == _sha256(sandbox.root / "corpus.jsonl")
+    assert record["gate"]["policy"]["sha256"] == _sha256(sandbox.root / "policy.yaml")
+    assert record["gate"]["run_id"] == report_json["run"]["id"]
+    assert record["time"].endswith("Z") and record["source"]["revision"] == "rev1"
+    first_bytes = record_path.read_bytes()
+
+    # The second promotion also pushes, as with a registry configured (KDTREE_PUSH=1).
+    sandbox.env["KDTREE_PUSH"] = "1"
+    second = sandbox.promote("rev2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    images = sandbox.images()
+    assert images[STABLE] == images[f"{IMAGE}:rev2"] != images[f"{IMAGE}:rev1"]
+    assert ["push", f"{IMAGE}:rev2"] in sandbox.calls() and ["push", STABLE] in sandbox.calls()
+    records = sandbox.record_files()
+    assert len(records) == 2 and records[0].read_bytes() == first_bytes
+    second_record = json.loads(records[1].read_text())
+    assert second_record["previous_digest"] == images[f"{IMAGE}:rev1"]
+    assert second_record["pushed"] is True
+    assert second_record["candidate"]["repo_digests"] == [f"{IMAGE}@{images[f'{IMAGE}:rev2']}"]
+    del sandbox.env["KDTREE_PUSH"]
+
+    # The same digest again: nothing to gate, nothing written.
+    calls_before = len(sandbox.calls())
+    again = sandbox.promote("rev2", "--no-build")
+    assert again.returncode == 0 and "already stable" in again.stdout
+    assert len(sandbox.record_files()) == 2
+    assert not any(c[0] == "compose" for c in sandbox.calls()[calls_before:])
+
+    back = sandbox.rollback()
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev1"]
+    records = sandbox.record_files()
+    assert len(records) == 3 and records[0].read_bytes() == first_bytes
+    rollback_record = json.loads(records[2].read_text())
+    assert rollback_record["action"] == "rollback"
+    assert rollback_record["from_digest"] == images[f"{IMAGE}:rev2"]
+    assert rollback_record["digest"] == images[f"{IMAGE}:rev1"]
+    assert rollback_record["reason"] == "drill"
+
+    # Nothing earlier than rev1 was ever promoted: a second rollback is refused and changes nothing.
+    refused = sandbox.rollback()
+    assert refused.returncode != 0 and "no earlier promoted digest" in refused.stderr
+    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev1"]
+    assert len(sandbox.record_files()) == 3
+
+
+def test_failing_gate_tags_nothing_and_says_why(reference_server, stage) -> None:
+    sandbox = stage(_pair(reference_server, fault_layer=0, fault_scale=3.0))
+    result = sandbox.promote("bad1")
+    assert result.returncode != 0
+    assert "NOT PROMOTED: the parity gate said fail" in result.stderr
+    assert "hard_divergences" in result.stderr
+    assert sandbox.tag_calls() == [] and STABLE not in sandbox.images()
+    assert sandbox.record_files() == []
+    [report] = sandbox.reports.glob("*/*/report.json")
+    assert json.loads(report.read_text())["verdict"]["status"] == "fail"
+    assert any(c[3:4] == ["down"] for c in sandbox.calls())
+
+
+def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
+    """The real sidecar says error: the candidate never answers /health within the deadline."""
+    urls = {"inference-baseline": reference_server(), "inference-candidate": "http://127.0.0.1:9"}
+    sandbox = stage(urls)
+    policy = Path(sandbox.env["KDTREE_PARITY_POLICY"])
+    policy.write_text(policy.read_text().replace("health_deadline_s: 180", "health_deadline_s: 2"))
+    result = sandbox.promote("err1")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "NOT PROMOTED: the parity gate said error" in result.stderr
+    assert sandbox.tag_calls() == [] and sandbox.record_files() == []
+    [report] = sandbox.reports.glob("*/*/report.json")
+    assert json.loads(report.read_text())["verdict"]["status"] == "error"
+
+
+def test_sidecar_refusing_its_input_is_an_error(stage) -> None:
+    """A policy asking for more prompts than the corpus has: exit 2 and no report at all."""
+    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    sandbox = stage(urls)
+    policy = Path(sandbox.env["KDTREE_PARITY_POLICY"])
+    policy.write_text(policy.read_text().replace("min_prompts: 4", "min_prompts: 500"))
+    result = sandbox.promote("err2")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "expected one report.json" in result.stderr
+    assert sandbox.tag_calls() == [] and sandbox.record_files() == []
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        ({"up": 1}, "exited 1"),  # the servers never became healthy
+        ({"run": 137}, "crashed or was killed"),  # the sidecar was killed (no verdict)
+        ({"build": 1}, "exited 1"),  # the image did not build
+    ],
+    ids=["unhealthy", "sidecar-killed", "build-failed"],
+)
+def test_erroring_gate_tags_nothing(stage, failure: dict[str, int], message: str) -> None:
+    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    sandbox = stage(urls, FAKE_DOCKER_FAIL=json.dumps(failure))
+    result = sandbox.promote("e1")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "NOT PROMOTED" in result.stderr and message in result.stderr
+    assert sandbox.tag_calls() == [] and sandbox.record_files() == []
+    if "build" not in failure:
+        assert any(c[3:4] == ["down"] for c in sandbox.calls()), "services left running"
