@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -298,3 +299,48 @@ def test_promotion_cli_needs_only_the_standard_library() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "--baseline-image" in result.stdout
+
+
+def test_image_entrypoints_are_installed_console_scripts() -> None:
+    stages = dockerfile_stages()
+    scripts = {
+        "inference": ("services/inference/pyproject.toml", "kdtree-serve"),
+        "demo": ("services/inference/pyproject.toml", "kdtree-engine"),
+        "parity": ("services/parity/pyproject.toml", "kdtree-parity"),
+    }
+    for stage, (pyproject, script) in scripts.items():
+        assert f'ENTRYPOINT ["{script}"]' in stages[stage]
+        project = (ROOT / pyproject).read_text()
+        assert re.search(rf"^{script} = ", project.split("[project.scripts]")[1], re.M), script
+
+
+# --------------------------------------------------------------------------- workflows
+
+
+def _workflow(name: str) -> dict[str, Any]:
+    document = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads `on:` as true
+    return document
+
+
+def test_ci_workflow_runs_the_readme_test_command_on_every_push() -> None:
+    workflow = _workflow("ci.yml")
+    assert "push" in workflow["on"]
+    steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
+    assert "bash .ci/run" in steps
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_parity_gate_workflow_gates_on_a_gpu_runner_and_keeps_the_report() -> None:
+    workflow = _workflow("parity-gate.yml")
+    assert "pull_request" in workflow["on"]
+    [job] = workflow["jobs"].values()
+    assert {"self-hosted", "gpu", "sm_120"} <= set(job["runs-on"])
+    steps = job["steps"]
+    gate = next(s for s in steps if "kdtree_parity.promote gate" in s.get("run", ""))
+    assert "continue-on-error" not in gate and "|| true" not in gate["run"]
+    after = steps[steps.index(gate) + 1 :]
+    upload = next(s for s in after if s.get("uses", "").startswith("actions/upload-artifact@"))
+    summary = next(s for s in after if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
+    assert upload["if"] == "always()" and summary["if"] == "always()"
+    assert "report.md" in summary["run"]
