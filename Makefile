@@ -32,7 +32,7 @@ export KDTREE_PARITY_USER ?= $(shell id -u):$(shell id -g)
 ## up: build and start the gate in Docker: baseline (KDTREE_VERIFY=off), candidate (on), parity run
 up:
 	$(COMPOSE) up --build --detach
-	@echo "gate running: 'docker compose logs -f parity'; report in $${KDTREE_REPORTS_DIR:-./reports}/latest"
+	@echo "gate running: 'docker compose logs -f parity'; report in $${KDTREE_REPORTS_DIR:-./runs/reports}/latest"
 
 ## down: stop and remove every kdtree container (gate, serve and demo profiles)
 down:

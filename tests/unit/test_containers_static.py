@@ -278,7 +278,7 @@ def test_parity_image_has_no_torch() -> None:
 def test_dockerignore_keeps_the_context_small_but_complete() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignored = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
-    for heavy in (".venv", ".git", "reports", "promotions", "models"):
+    for heavy in (".venv", ".git", "runs", "promotions", "models"):
         assert heavy in ignored or f"{heavy}/" in ignored, heavy
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (ROOT / "Dockerfile").read_text(), re.M)
     for sources in copied:

@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--reports",
             type=Path,
-            default=Path(os.environ.get("KDTREE_REPORTS_DIR", "reports")),
+            default=Path(os.environ.get("KDTREE_REPORTS_DIR", "runs/reports")),
             help="where gate reports go [KDTREE_REPORTS_DIR]",
         )
         p.add_argument(
