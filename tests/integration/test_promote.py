@@ -265,3 +265,28 @@ def test_erroring_gate_tags_nothing(stage, failure: dict[str, int], message: str
     assert sandbox.tag_calls() == [] and sandbox.record_files() == []
     if "build" not in failure:
         assert any(c[3:4] == ["down"] for c in sandbox.calls()), "services left running"
+
+
+def test_revision_comes_from_git_and_a_dirty_tree_is_refused(stage, tmp_path: Path) -> None:
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "file.txt").write_text("one\n")
+    subprocess.run([*git, "add", "file.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    sandbox = stage(urls, FAKE_DOCKER_FAIL=json.dumps({"up": 1}))
+    common = f"--context {repo} --records {sandbox.records} --reports {sandbox.reports}"
+
+    (repo / "file.txt").write_text("two\n")
+    refused = sandbox.make("promote", common)
+    assert refused.returncode == 2 and "uncommitted changes" in refused.stderr
+    assert sandbox.calls() == []  # refused before building anything
+
+    allowed = sandbox.make("promote", common, "--allow-dirty")
+    assert "building with uncommitted changes" in allowed.stderr
+    build = next(c for c in sandbox.calls() if c[0] == "build")
+    assert build[build.index("--tag") + 1] == f"{IMAGE}:{head.stdout.strip()}"
+    assert allowed.returncode == 2 and sandbox.tag_calls() == []  # then the servers never came up

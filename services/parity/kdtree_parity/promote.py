@@ -584,13 +584,23 @@ def build_parser() -> argparse.ArgumentParser:
             help="seconds to wait for both servers' /health [KDTREE_HEALTH_TIMEOUT]",
         )
         p.add_argument("--keep-up", action="store_true", help="leave the services running")
+        p.add_argument(
+            "--allow-dirty",
+            action="store_true",
+            help="build even though tracked files have uncommitted changes",
+        )
     return parser
 
 
 def _settings(args: argparse.Namespace) -> tuple[PromoteSettings, bool]:
     revision, dirty = (args.revision, False) if args.revision else git_revision(args.context)
-    if dirty:
-        step(f"warning: the work tree has uncommitted changes; {revision} does not name them")
+    if dirty and args.build:
+        if not args.allow_dirty:
+            raise PromotionError(
+                f"the work tree has uncommitted changes, so the image would not be what {revision} "
+                "names: commit them, or pass --allow-dirty (the record then says dirty: true)"
+            )
+        step(f"warning: building with uncommitted changes; {revision} does not name them")
     settings = PromoteSettings(
         image=args.image,
         parity_image=args.parity_image,
