@@ -99,8 +99,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+// 4- or 8-byte async copy (kv_indices are only element-aligned); src_bytes = 0 zero-fills.
+__device__ __forceinline__ void cp_async_index(uint32_t dst, const void* src, bool is64,
+                                               bool valid) {
+  if (is64)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 8 : 0));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void group_barrier(int group) {
   // Named barrier per 16-row group (ids 1..kRowGroups; 0 is __syncthreads).
@@ -222,8 +233,17 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
 }
 
 // ---------------------------------------------------------------------------------------------
+// Byte offset of 16-byte chunk `chunk` of KV row `row` inside a stage (XOR swizzle, see config).
+__device__ __forceinline__ uint32_t kv_offset(int row, int chunk) {
+  return row * kKvRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
+  constexpr int kNT = kBlockN / 8;         // n8 tiles of S per warp
+  constexpr int kLoadThreadsPerRow = kThreads / kBlockN;
+  constexpr int kLoadIters = (kKvRowChunks + kLoadThreadsPerRow - 1) / kLoadThreadsPerRow;
+  static_assert(kThreads % kBlockN == 0 && kBlockN % 16 == 0, "loader / MMA tiling");
   extern __shared__ __align__(128) uint8_t smem[];
   const int slot = blockIdx.x;
   const int split = blockIdx.y;
@@ -259,6 +279,89 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     row_h[i] = row_valid[i] ? m % H : 0;
   }
 
+  // Loader mapping: kLoadThreadsPerRow threads per KV row, 16-byte chunks strided by that count.
+  const int ld_row = tid / kLoadThreadsPerRow;
+  const int ld_sub = tid % kLoadThreadsPerRow;
+  const Elem* k_buf = reinterpret_cast<const Elem*>(p.k_buf);
+  const Elem* v_buf = reinterpret_cast<const Elem*>(p.v_buf);
+  const Elem* k_ext = reinterpret_cast<const Elem*>(p.k_ext);
+  const Elem* v_ext = reinterpret_cast<const Elem*>(p.v_ext);
+  struct Src {
+    const Elem* k;
+    const Elem* v;
+    bool valid;
+  };
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint8_t* idx_ring = smem + kStages * kKvStageBytes + kXchBytes;
+  const uint32_t idx_ring_smem = smem_base + kStages * kKvStageBytes + kXchBytes;
+  // Source rows of this thread's KV row in `tile`; the prefix index comes from the ring
+  // (from_ring) or straight from global memory (pipeline prologue and the separate-V path).
+  auto resolve = [&](int tile, bool from_ring) -> Src {
+    const int j = kv_begin + tile * kBlockN + ld_row;
+    Src s{k_buf, v_buf, false};
+    if (tile < n_tiles && j < kv_end) {
+      s.valid = true;
+      if (j < L) {
+        int64_t idx;
+        if (from_ring) {
+          const uint8_t* slot = idx_ring + (tile % kIdxRing) * kIdxSlotBytes;
+          idx = p.kv_indices_64 ? reinterpret_cast<const int64_t*>(slot)[ld_row]
+                                : reinterpret_cast<const int32_t*>(slot)[ld_row];
+        } else {
+          idx = load_index(p.kv_indices, p.kv_indices_64, meta.kv_start + j);
+        }
+        s.k = k_buf + idx * p.k_buf_stride;
+        s.v = v_buf + idx * p.v_buf_stride;
+      } else {
+        const int64_t e = meta.qo_start + (j - L);
+        s.k = k_ext + e * p.k_ext_stride;
+        s.v = v_ext + e * p.v_ext_stride;
+      }
+    }
+    return s;
+  };
+  // Fetch the kBlockN prefix indices of `tile` into its ring slot (threads 0..kBlockN-1).
+  auto issue_idx = [&](int tile) {
+    if (tid < kBlockN) {
+      const int j = kv_begin + tile * kBlockN + tid;
+      const bool valid = tile < n_tiles && j < min(L, kv_end);
+      const int elem = p.kv_indices_64 ? 8 : 4;
+      const void* src = valid ? static_cast<const uint8_t*>(p.kv_indices) +
+                                    (meta.kv_start + j) * static_cast<int64_t>(elem)
+                              : p.k_buf;
+      cp_async_index(idx_ring_smem + (tile % kIdxRing) * kIdxSlotBytes + tid * elem, src,
+                     p.kv_indices_64, valid);
+    }
+  };
+  auto issue_k = [&](int stage, const Src& s) {
+    const uint32_t dst = smem_base + stage * kKvStageBytes;
+#pragma unroll
+    for (int i = 0; i < kLoadIters; ++i) {
+      const int c = ld_sub + kLoadThreadsPerRow * i;
+      if (c < kKvRowChunks)
+        cp_async_16(dst + kv_offset(ld_row, c), s.k + c * 8, s.valid ? 16 : 0);
+    }
+  };
+  auto issue_v = [&](int stage, const Src& s) {
+    const uint32_t dst = smem_base + stage * kKvStageBytes;
+#pragma unroll
+    for (int i = 0; i < kLoadIters; ++i) {
+      const int c = ld_sub + kLoadThreadsPerRow * i;
+      if (c < kHeadDimV / 8)
+        cp_async_16(dst + kv_offset(ld_row, c), s.v + c * 8, s.valid ? 16 : 0);
+    }
+  };
+
+  // Start the KV pipeline first (kStages - 1 tiles), then load Q while those copies fly.
+  // Group t carries KV tile t and the indices of tile t + kStages - 1; iteration `it` then issues
+  // KV tile it + kStages - 1 (indices landed with group it) and the indices of it + 2(kStages-1).
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < n_tiles) issue_k(t, resolve(t, false));
+    issue_idx(t + kStages - 1);
+    cp_async_commit();
+  }
+
   // Q fragments (A operand, 16 rows x this warp's 144 columns) straight from global memory.
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
   uint32_t qf[kQkSlice / 16][4];
@@ -278,49 +381,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     }
   }
 
-  // Loader mapping: 8 threads per token row, 9 x 16-byte chunks each (72 chunks = 576 bf16).
-  const int ld_token = tid >> 3;
-  const int ld_sub = tid & 7;
-  const Elem* k_buf = reinterpret_cast<const Elem*>(p.k_buf);
-  const Elem* v_buf = reinterpret_cast<const Elem*>(p.v_buf);
-  const Elem* k_ext = reinterpret_cast<const Elem*>(p.k_ext);
-  const Elem* v_ext = reinterpret_cast<const Elem*>(p.v_ext);
-  struct Src {
-    const Elem* k;
-    const Elem* v;
-    bool valid;
-  };
-  auto resolve = [&](int tile) -> Src {
-    const int j = kv_begin + tile * kBlockN + ld_token;
-    Src s{k_buf, v_buf, false};
-    if (j < kv_end) {
-      s.valid = true;
-      if (j < L) {
-        const int64_t idx = load_index(p.kv_indices, p.kv_indices_64, meta.kv_start + j);
-        s.k = k_buf + idx * p.k_buf_stride;
-        s.v = v_buf + idx * p.v_buf_stride;
-      } else {
-        const int64_t e = meta.qo_start + (j - L);
-        s.k = k_ext + e * p.k_ext_stride;
-        s.v = v_ext + e * p.v_ext_stride;
-      }
-    }
-    return s;
-  };
-  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  auto issue_k = [&](int stage, const Src& s) {
-    const uint32_t dst = smem_base + stage * kKvStageBytes + ld_token * kKvRowBytes + ld_sub * 16;
-#pragma unroll
-    for (int i = 0; i < kHeadDimQK / 64; ++i)
-      cp_async_16(dst + i * 128, s.k + (ld_sub + 8 * i) * 8, s.valid ? 16 : 0);
-  };
-  auto issue_v = [&](int stage, const Src& s) {
-    const uint32_t dst = smem_base + stage * kKvStageBytes + ld_token * kKvRowBytes + ld_sub * 16;
-#pragma unroll
-    for (int i = 0; i < kHeadDimV / 64; ++i)
-      cp_async_16(dst + i * 128, s.v + (ld_sub + 8 * i) * 8, s.valid ? 16 : 0);
-  };
-
   float4* xch = reinterpret_cast<float4*>(smem + kStages * kKvStageBytes);
   const uint8_t* mask_row[2];
 #pragma unroll
@@ -335,56 +395,55 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   float m_run[2] = {neg_inf(), neg_inf()};
   float l_run[2] = {0.f, 0.f};
 
-  Src cur = resolve(0);
-  issue_k(0, cur);
-  cp_async_commit();
-  Src nxt = n_tiles > 1 ? resolve(1) : Src{k_buf, v_buf, false};
-
+  int stage = 0;
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait_all();
-    __syncthreads();  // tile `it` visible to all; everyone is done with tile it-1's stage
-    if (it + 1 < n_tiles) issue_k((it + 1) & 1, nxt);
-    cp_async_commit();
-    // Index lookups for tile it+2 now, so their latency hides behind this tile's math.
-    const Src after = it + 2 < n_tiles ? resolve(it + 2) : Src{k_buf, v_buf, false};
+    cp_async_wait<kStages - 2>();  // tile `it` has landed (this thread's copies)
+    __syncthreads();  // ... everyone's copies; and everyone is done with tile it-1's stage
+    {
+      // Refill the stage tile it-1 used with tile it + kStages - 1.
+      const int fill = stage == 0 ? kStages - 1 : stage - 1;
+      if (it + kStages - 1 < n_tiles) issue_k(fill, resolve(it + kStages - 1, true));
+      issue_idx(it + 2 * (kStages - 1));
+      cp_async_commit();
+    }
 
-    const uint32_t kv_smem = smem_base + (it & 1) * kKvStageBytes;
+    const uint32_t kv_smem = smem_base + stage * kKvStageBytes;
     // ---- partial S over this warp's 144 columns.
-    float s[4][4];
+    float s[kNT][4];
 #pragma unroll
-    for (int q4 = 0; q4 < 4; ++q4) s[q4][0] = s[q4][1] = s[q4][2] = s[q4][3] = 0.f;
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kQkSlice / 16; ++kk) {
-      const int d = quarter * kQkSlice + kk * 16 + (((lane >> 3) & 1) << 3);
+      const int c = (quarter * kQkSlice + kk * 16) / 8 + ((lane >> 3) & 1);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < kNT / 2; ++np) {
         const int tok = np * 16 + (lane & 7) + ((lane >> 4) << 3);
         uint32_t r[4];
-        ldmatrix_x4(r, kv_smem + tok * kKvRowBytes + d * 2);
+        ldmatrix_x4(r, kv_smem + kv_offset(tok, c));
         ElemOps<Elem>::mma(s[2 * np], qf[kk], r[0], r[1]);
         ElemOps<Elem>::mma(s[2 * np + 1], qf[kk], r[2], r[3]);
       }
     }
     // ---- sum the group's 4 partial S tiles through shared memory.
 #pragma unroll
-    for (int q4 = 0; q4 < 4; ++q4)
-      xch[(warp * 4 + q4) * 32 + lane] = make_float4(s[q4][0], s[q4][1], s[q4][2], s[q4][3]);
+    for (int n = 0; n < kNT; ++n)
+      xch[(warp * kNT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
     group_barrier(group);
 #pragma unroll
-    for (int q4 = 0; q4 < 4; ++q4) {
+    for (int n = 0; n < kNT; ++n) {
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int w = 0; w < kWarpsPerGroup; ++w) {
-        const float4 v = xch[((group * kWarpsPerGroup + w) * 4 + q4) * 32 + lane];
+        const float4 v = xch[((group * kWarpsPerGroup + w) * kNT + n) * 32 + lane];
         acc.x += v.x;
         acc.y += v.y;
         acc.z += v.z;
         acc.w += v.w;
       }
-      s[q4][0] = acc.x;
-      s[q4][1] = acc.y;
-      s[q4][2] = acc.z;
-      s[q4][3] = acc.w;
+      s[n][0] = acc.x;
+      s[n][1] = acc.y;
+      s[n][2] = acc.z;
+      s[n][3] = acc.w;
     }
 
     // ---- scale (log2 domain) and mask: prefix columns are all visible; draft columns follow
@@ -392,12 +451,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     const int tile_start = kv_begin + it * kBlockN;
     const bool needs_mask = tile_start + kBlockN > min(L, kv_end);
 #pragma unroll
-    for (int q4 = 0; q4 < 4; ++q4) {
+    for (int n = 0; n < kNT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = s[q4][e] * p.scale_log2;
+        float v = s[n][e] * p.scale_log2;
         if (needs_mask) {
-          const int j = tile_start + q4 * 8 + (lane & 3) * 2 + (e & 1);
+          const int j = tile_start + n * 8 + (lane & 3) * 2 + (e & 1);
           const int i = e >> 1;
           bool visible;
           if (j >= kv_end) {
@@ -411,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
           }
           if (!visible) v = neg_inf();
         }
-        s[q4][e] = v;
+        s[n][e] = v;
       }
     }
 
@@ -421,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     for (int i = 0; i < 2; ++i) {
       float mx = neg_inf();
 #pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) mx = fmaxf(mx, fmaxf(s[q4][2 * i], s[q4][2 * i + 1]));
+      for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[i], mx);
@@ -430,10 +489,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
       m_run[i] = m_new;
       float sum = 0.f;
 #pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        s[q4][2 * i] = fast_exp2(s[q4][2 * i] - m_use);
-        s[q4][2 * i + 1] = fast_exp2(s[q4][2 * i + 1] - m_use);
-        sum += s[q4][2 * i] + s[q4][2 * i + 1];
+      for (int n = 0; n < kNT; ++n) {
+        s[n][2 * i] = fast_exp2(s[n][2 * i] - m_use);
+        s[n][2 * i + 1] = fast_exp2(s[n][2 * i + 1] - m_use);
+        sum += s[n][2 * i] + s[n][2 * i + 1];
       }
       l_run[i] = l_run[i] * alpha[i] + sum;
     }
@@ -450,36 +509,33 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     const bool has_draft = min(tile_start + kBlockN, kv_end) > L;
     if ((has_prefix && p.separate_v_buf) || (has_draft && p.separate_v_ext)) {
       __syncthreads();  // every warp has finished reading K from this stage
-      issue_v(it & 1, cur);
+      issue_v(stage, resolve(it, false));  // slow path: a direct index lookup is fine
       cp_async_commit();
-      cp_async_wait_all();
+      cp_async_wait<0>();
       __syncthreads();
     }
 
     // ---- O += P V over this warp's 128 V columns. P's C fragments are the A fragments.
-    uint32_t pa[2][4];
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      pa[ks][0] = ElemOps<Elem>::pack(s[2 * ks][0], s[2 * ks][1]);
-      pa[ks][1] = ElemOps<Elem>::pack(s[2 * ks][2], s[2 * ks][3]);
-      pa[ks][2] = ElemOps<Elem>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      pa[ks][3] = ElemOps<Elem>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-    }
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t pa[4];
+      pa[0] = ElemOps<Elem>::pack(s[2 * ks][0], s[2 * ks][1]);
+      pa[1] = ElemOps<Elem>::pack(s[2 * ks][2], s[2 * ks][3]);
+      pa[2] = ElemOps<Elem>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+      pa[3] = ElemOps<Elem>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       const int tok = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
       for (int np = 0; np < kVSlice / 16; ++np) {
-        const int d = quarter * kVSlice + np * 16 + ((lane >> 4) << 3);
+        const int c = (quarter * kVSlice + np * 16) / 8 + (lane >> 4);
         uint32_t r[4];
-        ldmatrix_x4_trans(r, kv_smem + tok * kKvRowBytes + d * 2);
-        ElemOps<Elem>::mma(o[2 * np], pa[ks], r[0], r[1]);
-        ElemOps<Elem>::mma(o[2 * np + 1], pa[ks], r[2], r[3]);
+        ldmatrix_x4_trans(r, kv_smem + kv_offset(tok, c));
+        ElemOps<Elem>::mma(o[2 * np], pa, r[0], r[1]);
+        ElemOps<Elem>::mma(o[2 * np + 1], pa, r[2], r[3]);
       }
     }
-    cur = nxt;
-    nxt = after;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
   }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory when the CTA exits
 
   // ---- epilogue: normalize; write the output directly (one split) or the partial.
   const bool direct = meta.num_splits == 1;
@@ -516,15 +572,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 }
 
 // ---------------------------------------------------------------------------------------------
-// One warp per output row: LSE-weighted sum of the row's split partials (FlashInfer merge_state).
+// One CTA per output row: LSE-weighted sum of the row's split partials (FlashInfer merge_state).
+// Warp 0 turns the split LSEs into weights; the 8 warps then take every 8th split each (lane =
+// 16 columns, 4 independent float4 loads per split) and the per-warp sums meet in shared memory.
 // Splits that saw no visible token carry lse = -inf and zero output, and get weight 0.
 template <typename Elem>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const VerifyParams p) {
+  __shared__ float weights[kMaxSplits];
+  __shared__ float4 partial[kCombineWarps][kHeadDimV / 4];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int64_t slot_row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + warp;
-  const int64_t slot = slot_row / kBlockM;
-  const int r = static_cast<int>(slot_row % kBlockM);
+  const int64_t slot = blockIdx.x / kBlockM;
+  const int r = blockIdx.x % kBlockM;
   if (slot >= p.num_tile_slots) return;
   const int b = p.tile_req[slot];
   if (b < 0) return;
@@ -538,43 +597,75 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int64_t split_stride = static_cast<int64_t>(p.num_tile_slots) * kBlockM;
   const int64_t base = slot * kBlockM + r;
   const int ns = meta.num_splits;
-
-  float mx = neg_inf();
-  for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, p.lse_part[base + s * split_stride]);
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   const int64_t tok = meta.qo_start + t;
-  Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
-               static_cast<int64_t>(h) * p.out_stride_head;
-  float* lse_out = p.lse + tok * p.lse_stride_tok + static_cast<int64_t>(h) * p.lse_stride_head;
-  float acc[4][4] = {};
-  float sum = 0.f;
-  if (mx != neg_inf()) {
-    for (int s = lane; s < ns; s += 32) sum += __expf(p.lse_part[base + s * split_stride] - mx);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float inv_sum = 1.f / sum;
-    for (int s = 0; s < ns; ++s) {
-      const float wgt = __expf(p.lse_part[base + s * split_stride] - mx) * inv_sum;
-      if (wgt == 0.f) continue;
-      const float4* src =
-          reinterpret_cast<const float4*>(p.o_part + (base + s * split_stride) * kHeadDimV);
+
+  if (warp == 0) {
+    constexpr int kPerLane = kMaxSplits / 32;
+    float l[kPerLane];
+    float mx = neg_inf();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 v = src[k * 32 + lane];
-        acc[k][0] += wgt * v.x;
-        acc[k][1] += wgt * v.y;
-        acc[k][2] += wgt * v.z;
-        acc[k][3] += wgt * v.w;
-      }
+    for (int k = 0; k < kPerLane; ++k) {
+      const int s = lane + 32 * k;
+      l[k] = s < ns ? p.lse_part[base + s * split_stride] : neg_inf();
+      mx = fmaxf(mx, l[k]);
+    }
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float m_use = mx == neg_inf() ? 0.f : mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      l[k] = __expf(l[k] - m_use);
+      sum += l[k];
+    }
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + 32 * k < ns) weights[lane + 32 * k] = l[k] * inv;
+    if (lane == 0)
+      p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(h) * p.lse_stride_head] =
+          sum > 0.f ? m_use + __logf(sum) : neg_inf();
+  }
+  __syncthreads();
+  float4 acc[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+  for (int s = warp; s < ns; s += kCombineWarps) {
+    const float wgt = weights[s];
+    const float4* src =
+        reinterpret_cast<const float4*>(p.o_part + (base + s * split_stride) * kHeadDimV);
+    float4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = src[k * 32 + lane];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      acc[k].x += wgt * v[k].x;
+      acc[k].y += wgt * v[k].y;
+      acc[k].z += wgt * v[k].z;
+      acc[k].w += wgt * v[k].w;
     }
   }
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 4; ++k) partial[warp][k * 32 + lane] = acc[k];
+  __syncthreads();
+  if (threadIdx.x < kHeadDimV / 4) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) {
+      const float4 v = partial[w][threadIdx.x];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
+                 static_cast<int64_t>(h) * p.out_stride_head;
     uint2 packed;
-    packed.x = ElemOps<Elem>::pack(acc[k][0], acc[k][1]);
-    packed.y = ElemOps<Elem>::pack(acc[k][2], acc[k][3]);
-    *reinterpret_cast<uint2*>(orow + (k * 32 + lane) * 4) = packed;
+    packed.x = ElemOps<Elem>::pack(sum.x, sum.y);
+    packed.y = ElemOps<Elem>::pack(sum.z, sum.w);
+    *reinterpret_cast<uint2*>(orow + threadIdx.x * 4) = packed;
   }
-  if (lane == 0) *lse_out = mx != neg_inf() ? mx + __logf(sum) : neg_inf();
 }
 
 template <typename Elem>
@@ -598,9 +689,8 @@ void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
 
 template <typename Elem>
 void launch_combine_t(const VerifyParams& p, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;
-  const int64_t blocks = (rows + kCombineWarps - 1) / kCombineWarps;
-  combine_kernel<Elem><<<static_cast<unsigned>(blocks), kCombineWarps * 32, 0, stream>>>(p);
+  const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;  // one CTA per row
+  combine_kernel<Elem><<<static_cast<unsigned>(rows), kCombineWarps * 32, 0, stream>>>(p);
 }
 
 }  // namespace

@@ -77,6 +77,7 @@ def verify_attention_cuda(
             f"plan: made for batch {plan.batch_size}, {plan.num_heads} heads, "
             f"{plan.total_tokens} tokens; called with {batch_size}, {q.shape[1]}, {q.shape[0]}"
         )
+    plan.check_workspace()
     load().attend(
         q, k_extend, v_extend, k_buffer, v_buffer, kv_indices,
         mask.view(torch.uint8) if mask is not None else None,

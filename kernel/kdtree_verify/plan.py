@@ -120,6 +120,21 @@ class VerifyPlan:
             self.total_tokens,
         )
 
+    def check_workspace(self) -> None:
+        """Refuse a workspace that does not hold the layout (before any kernel can overrun it)."""
+        ws = self.workspace
+        if (
+            ws.dtype != torch.uint8
+            or not ws.is_contiguous()
+            or ws.numel() < self.layout.total_bytes
+        ):
+            raise ValueError(
+                f"plan.workspace: needs a contiguous uint8 tensor of at least "
+                f"{self.layout.total_bytes} bytes, got {ws.dtype} with {ws.numel()} elements"
+            )
+        if ws.data_ptr() % ALIGN:
+            raise ValueError(f"plan.workspace: must be {ALIGN}-byte aligned")
+
     def update(
         self,
         qo_indptr: torch.Tensor,
@@ -134,6 +149,7 @@ class VerifyPlan:
                 f"plan is for batch {self.batch_size}; got qo_indptr of {qo_indptr.shape[0]} and "
                 f"kv_indptr of {kv_indptr.shape[0]} entries"
             )
+        self.check_workspace()
         load().plan(
             qo_indptr, kv_indptr, mask_indptr, self.workspace, self.layout.offsets(),
             self.batch_size, self.num_heads, self.num_tile_slots, self.max_splits,

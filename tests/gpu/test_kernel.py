@@ -284,13 +284,13 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
         assert_close_bf16(static["out"], ref_out, f"replay {i} vs reference")
 
 
-def test_plan_workspace_formula_matches_extension_checks() -> None:
-    """The extension refuses a workspace one byte short of the documented formula."""
+def test_plan_refuses_a_workspace_short_of_the_formula() -> None:
+    """A workspace 256 bytes short of the documented size is refused before any launch."""
     plan = make_plan(3, 16, 24, "cuda")
-    short = plan.workspace[: plan.layout.total_bytes - plan.layout.total_bytes % 256 - 256]
+    assert plan.workspace.numel() == plan.layout.total_bytes
     case = make_case((10, 20, 30), 8, 16, dtype=torch.bfloat16, device="cuda")
-    plan.workspace = short
-    with pytest.raises(RuntimeError, match="outside the workspace"):
+    plan.workspace = plan.workspace[: plan.layout.total_bytes - 256]
+    with pytest.raises(ValueError, match="at least"):
         plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
 
 
