@@ -8,6 +8,8 @@ assertions on the wiring that a user relies on.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import subprocess
@@ -344,3 +346,55 @@ def test_parity_gate_workflow_gates_on_a_gpu_runner_and_keeps_the_report() -> No
     summary = next(s for s in after if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
     assert upload["if"] == "always()" and summary["if"] == "always()"
     assert "report.md" in summary["run"]
+
+
+# --------------------------------------------------------------------------- the real CLIs
+
+
+def _parse(parser: argparse.ArgumentParser, args: list[str], who: str) -> argparse.Namespace:
+    try:
+        return parser.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{who} rejects {args}")
+
+
+def _dockerfile_cmd(stage: str) -> list[str]:
+    [cmd] = [line for line in dockerfile_stages()[stage] if line.startswith("CMD ")]
+    return json.loads(cmd.removeprefix("CMD "))
+
+
+def test_sglang_accepts_every_inference_command() -> None:
+    """Compose's and the image's default arguments are real SGLang 0.5.23 server flags."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    services = load_compose()["services"]
+    for name in sorted(SGLANG_SERVICES):
+        args = _parse(parser, command_args(services[name]), f"SGLang ({name})")
+        assert args.attention_backend == "triton" and args.model_path == "/models"
+        assert args.speculative_algorithm == "EAGLE" and args.speculative_eagle_topk == 4
+        assert args.enable_deterministic_inference == (name == "inference-baseline")
+    _parse(parser, _dockerfile_cmd("inference"), "SGLang (the image's CMD)")
+
+
+def test_reference_engine_accepts_the_demo_commands() -> None:
+    from kdtree_inference.engine.server import build_parser, config_from_args
+
+    services = load_compose()["services"]
+    for args in (*(command_args(services[n]) for n in ("demo-baseline", "demo-candidate")),
+                 _dockerfile_cmd("demo")):  # fmt: skip
+        config_from_args(_parse(build_parser(), args, "kdtree-engine"))
+
+
+def test_parity_cli_accepts_the_sidecar_commands() -> None:
+    from kdtree_parity.cli import build_parser
+    from kdtree_parity.corpus import load_corpus
+    from kdtree_parity.policy import load_policy
+
+    services = load_compose()["services"]
+    for name in ("parity", "demo-parity"):
+        args = _parse(build_parser(), command_args(services[name]), f"kdtree-parity ({name})")
+        assert args.command == "run"
+        policy = load_policy(args.policy)
+        assert len(load_corpus(args.corpus)) >= policy.policy.gate.min_prompts
