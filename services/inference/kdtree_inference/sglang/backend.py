@@ -31,9 +31,10 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from kdtree_verify import VerifyInputError, validate_verify_inputs, verify_attention
+from kdtree_verify import VerifyInputError
 
 from .comparison import ComparisonRecorder, ShadowGate
+from .dispatch import verify_with_inputs
 from .extension import kernel_status
 from .marshal import VerifyInputs, VerifyMarshal
 from .modes import VerifyMode, VerifySettings
@@ -284,32 +285,15 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         return inputs
 
     def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
-        inputs = self._kdtree_inputs()
-        q = q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM)
-        args = (
-            q,
+        out = verify_with_inputs(
+            self._kdtree_inputs(),
+            q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM),
             k.view(-1, 1, QK_HEAD_DIM),
             v.view(-1, 1, V_HEAD_DIM),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            inputs.qo_indptr,
-            inputs.kv_indptr,
-            inputs.kv_indices,
-            inputs.custom_mask,
-            inputs.mask_indptr,
             layer.scaling,
         )
-        if inputs.plan is None:  # CPU: the op's front door runs the CPU implementation
-            out = verify_attention(*args)
-        else:  # CUDA: the kernel with this forward's plan, shared by every layer
-            from kdtree_verify.cuda import verify_attention_cuda
-
-            validate_verify_inputs(*args)  # shapes and dtypes only on CUDA: graph-safe
-            out = q.new_empty(q.shape[0], q.shape[1], V_HEAD_DIM)
-            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-            verify_attention_cuda(
-                *args, causal=inputs.custom_mask is None, out=out, lse=lse, plan=inputs.plan
-            )
         return out.view(out.shape[0], -1)
 
     def _kdtree_triton(self, q, k, v, layer, forward_batch, save_kv_cache: bool):

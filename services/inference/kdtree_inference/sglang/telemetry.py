@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,8 @@ class _Metrics:
     shadow_errors: Any
 
 
-_METRICS_BY_REGISTRY: dict[int, _Metrics] = {}
+# Keyed by the registry object itself (weakly): an id() could be reused by a later registry.
+_METRICS_BY_REGISTRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _metrics(registry: Any | None) -> _Metrics:
@@ -65,7 +67,7 @@ def _metrics(registry: Any | None) -> _Metrics:
     from prometheus_client import REGISTRY, Counter, Gauge
 
     registry = REGISTRY if registry is None else registry
-    found = _METRICS_BY_REGISTRY.get(id(registry))
+    found = _METRICS_BY_REGISTRY.get(registry)
     if found is not None:
         return found
     rank = ["tp_rank"]
@@ -128,7 +130,7 @@ def _metrics(registry: Any | None) -> _Metrics:
             registry=registry,
         ),
     )
-    _METRICS_BY_REGISTRY[id(registry)] = made
+    _METRICS_BY_REGISTRY[registry] = made
     return made
 
 
