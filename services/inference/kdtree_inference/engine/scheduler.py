@@ -140,6 +140,15 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="kdtree-engine", daemon=True)
         self._thread.start()
 
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until warm; raise if loading failed or took longer than ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.05):
+            if self.failed is not None:
+                raise RuntimeError(f"engine failed to start: {self.failed}") from self.failed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine not ready after {timeout}s")
+
     def stop(self) -> None:
         self._stop.set()
         self._queue.put(None)
