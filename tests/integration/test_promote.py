@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = ROOT / "services" / "parity" / "kdtree_parity"
@@ -87,6 +88,15 @@ class Stage:
         return [c for c in self.calls() if c[0] in {"tag", "push"}]
 
 
+def write_policy(path: Path, changes: dict[str, dict[str, Any]]) -> None:
+    """The shipped short policy with some keys changed (sections: replay, compare, gate)."""
+    policy = yaml.safe_load((SHORT / "policies" / "short.yaml").read_text())
+    for section, values in changes.items():
+        assert set(values) <= set(policy[section]), f"unknown {section} keys {values}"
+        policy[section].update(values)
+    path.write_text(yaml.safe_dump(policy))
+
+
 @pytest.fixture
 def stage(tmp_path: Path) -> Callable[..., Stage]:
     """Build a sandbox whose compose services point at the given server URLs."""
@@ -104,12 +114,7 @@ def stage(tmp_path: Path) -> Callable[..., Stage]:
             "".join((SHORT / "corpora" / "short.jsonl").read_text().splitlines(True)[:4])
         )
         policy = tmp_path / "policy.yaml"
-        policy.write_text(
-            (SHORT / "policies" / "short.yaml")
-            .read_text()
-            .replace("max_new_tokens: 16", "max_new_tokens: 8")
-            .replace("min_prompts: 20", "min_prompts: 4")
-        )
+        write_policy(policy, {"replay": {"max_new_tokens": 8}, "gate": {"min_prompts": 4}})
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("KDTREE_")},
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -225,8 +230,10 @@ def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
     """The real sidecar says error: the candidate never answers /health within the deadline."""
     urls = {"inference-baseline": reference_server(), "inference-candidate": "http://127.0.0.1:9"}
     sandbox = stage(urls)
-    policy = Path(sandbox.env["KDTREE_PARITY_POLICY"])
-    policy.write_text(policy.read_text().replace("health_deadline_s: 180", "health_deadline_s: 2"))
+    write_policy(
+        Path(sandbox.env["KDTREE_PARITY_POLICY"]),
+        {"replay": {"max_new_tokens": 8, "health_deadline_s": 2}, "gate": {"min_prompts": 4}},
+    )
     result = sandbox.promote("err1")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "NOT PROMOTED: the parity gate said error" in result.stderr
@@ -239,8 +246,7 @@ def test_sidecar_refusing_its_input_is_an_error(stage) -> None:
     """A policy asking for more prompts than the corpus has: exit 2 and no report at all."""
     urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
     sandbox = stage(urls)
-    policy = Path(sandbox.env["KDTREE_PARITY_POLICY"])
-    policy.write_text(policy.read_text().replace("min_prompts: 4", "min_prompts: 500"))
+    write_policy(Path(sandbox.env["KDTREE_PARITY_POLICY"]), {"gate": {"min_prompts": 500}})
     result = sandbox.promote("err2")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "expected one report.json" in result.stderr
