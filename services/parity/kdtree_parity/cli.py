@@ -30,7 +30,7 @@ from kdtree_parity.runner import Targets, execute_run, start_run
 from kdtree_parity.store import Store
 
 EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -197,20 +197,29 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    """A table on a terminal; tab-separated lines (one run each) when piped, for scripts."""
     store = Store(args.db)
     try:
-        table = Table("run", "status", "started (UTC)", "prompts", "baseline", "candidate")
-        for r in store.list_runs(args.limit):
-            started = datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            table.add_row(
+        columns = ("run", "status", "started (UTC)", "prompts ok", "baseline", "candidate")
+        rows = [
+            (
                 r.id,
                 r.status,
-                started,
+                datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
                 f"{r.prompts_ok}/{r.prompts_total}",
                 r.targets.get("baseline", ("",))[0],
                 r.targets.get("candidate", ("",))[0],
             )
-        Console().print(table)
+            for r in store.list_runs(args.limit)
+        ]
+        if sys.stdout.isatty():
+            table = Table(*columns)
+            for row in rows:
+                table.add_row(*row)
+            Console().print(table)
+        else:
+            for row in [columns, *rows]:
+                print("\t".join(row))
         return 0
     finally:
         store.close()

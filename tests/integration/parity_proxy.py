@@ -1,0 +1,92 @@
+"""A tiny real HTTP/1.1 forwarding proxy on loopback, for the parity sidecar's integration tests.
+
+It sits in front of a real engine server and can (a) delay the first ``slow_first`` requests
+it sees for each distinct /generate body by ``delay_s`` seconds -- a slow server, as the
+sidecar's timeout sees it -- and (b) be pointed at a different upstream while running (a
+restarted server). When the upstream cannot be reached it closes the client's connection
+without an answer, which is what a dead server looks like to a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import httpx
+
+
+class ForwardingProxy:
+    def __init__(self, upstream: str, delay_s: float = 0.0, slow_first: int = 0) -> None:
+        self.upstream = upstream
+        self.delay_s = delay_s
+        self.slow_first = slow_first
+        self.generate_bodies: Counter[bytes] = Counter()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(started,), daemon=True)
+        self._thread.start()
+        started.wait(10)
+        assert self._server is not None
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _serve(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0)
+        )
+        started.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    @property
+    def attempts(self) -> int:
+        return sum(self.generate_bodies.values())
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request_line = await reader.readline()
+                if not request_line:
+                    return
+                method, path, _ = request_line.decode().split(" ", 2)
+                headers: dict[str, str] = {}
+                while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if path == "/generate":
+                    self.generate_bodies[body] += 1
+                    if self.generate_bodies[body] <= self.slow_first:
+                        await asyncio.sleep(self.delay_s)
+                try:
+                    async with httpx.AsyncClient(timeout=120) as client:
+                        resp = await client.request(
+                            method,
+                            self.upstream + path,
+                            content=body,
+                            headers={"content-type": headers.get("content-type", "")},
+                        )
+                except httpx.TransportError:
+                    return  # upstream gone: drop the connection without an answer
+                head = (
+                    f"HTTP/1.1 {resp.status_code} {resp.reason_phrase}\r\n"
+                    f"content-type: {resp.headers.get('content-type', 'text/plain')}\r\n"
+                    f"content-length: {len(resp.content)}\r\n\r\n"
+                )
+                writer.write(head.encode() + resp.content)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()

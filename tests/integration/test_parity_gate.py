@@ -1,0 +1,270 @@
+"""The parity sidecar against real reference-engine servers on loopback.
+
+Identical servers pass; a candidate with a perturbed layer fails with named hard divergences
+(and its HTML report renders in headless Chromium); a candidate killed mid-run gives an error
+verdict and ``--resume`` then finishes the same run; a slow candidate hits the timeout and is
+retried exactly as configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from parity_proxy import ForwardingProxy
+from PIL import Image
+
+from kdtree_parity.corpus import load_corpus, parse_corpus
+from kdtree_parity.policy import parse_policy
+from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.store import Store
+
+pytestmark = pytest.mark.slow
+
+# Small enough for a 2-core CI box, strict enough to mean something: the reference engine is
+# float32 and deterministic, so identical servers must match exactly.
+POLICY = """
+replay:
+  max_new_tokens: 8
+  top_logprobs_num: 5
+  concurrency: 2
+  timeout_s: 60
+  retries: 1
+  backoff_s: 0.2
+  health_deadline_s: 60
+  max_consecutive_transport_errors: 2
+compare:
+  near_tie_epsilon: 0.05
+gate:
+  min_prompts: {min_prompts}
+  max_hard_divergences: 0
+  min_exact_match_rate: 0.9
+  max_excess_divergence_rate: 0.05
+  max_logprob_drift_p99: 0.01
+"""
+
+
+def write_inputs(tmp_path: Path, prompts: int, **replay: object) -> tuple[Path, Path]:
+    """The first ``prompts`` entries of the shipped short corpus, and the test policy."""
+    lines = load_corpus("short").raw.decode().splitlines()[:prompts]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    data = yaml.safe_load(POLICY.format(min_prompts=prompts))
+    data["replay"].update(replay)
+    text = yaml.safe_dump(data)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text)
+    parse_policy(text)  # a typo in a test policy should fail here, not as a verdict
+    return corpus, policy
+
+
+def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def only_report(out: Path) -> dict:
+    reports = list(out.glob("*/report.json"))
+    assert len(reports) == 1, reports
+    return json.loads(reports[0].read_text())
+
+
+def listener_pid(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    pids = {
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
+    assert len(pids) == 1, pids
+    return pids.pop()
+
+
+def test_identical_servers_pass(reference_server, tmp_path: Path) -> None:
+    baseline = reference_server()
+    candidate = reference_server()
+    corpus, policy = write_inputs(tmp_path, 8)
+    out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
+    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
+                   "--policy", policy, "--out", out, "--db", db, "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "verdict: PASS" in done.stderr
+    report = only_report(out)
+    assert report["verdict"]["status"] == "pass" and report["run"]["status"] == "passed"
+    s = report["summary"]
+    assert s["prompts_compared"] == 8 and s["candidate"]["exact"] == 8 and s["aa"]["exact"] == 8
+    assert s["candidate"]["drift"]["max"] == 0.0 and s["candidate"]["drift"]["count"] > 0
+    # A/A without a replica = the baseline replayed twice; identity comes from /model_info.
+    targets = {t["role"]: t for t in report["targets"]}
+    assert targets["aa"]["url"] == baseline
+    assert targets["candidate"]["identity"]["served_model_name"]
+    listed = run_cli("list", "--db", db)
+    assert report["run"]["id"] in listed.stdout and "passed" in listed.stdout
+
+
+def test_faulty_candidate_fails_with_named_hard_divergences(
+    reference_server, tmp_path: Path
+) -> None:
+    baseline = reference_server()
+    replica = reference_server()
+    candidate = reference_server(fault_layer=1, fault_scale=1.5)
+    corpus, policy = write_inputs(tmp_path, 8)
+    out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
+    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--replica", replica,
+                   "--corpus", corpus, "--policy", policy, "--out", out, "--db", db,
+                   "--no-progress")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = only_report(out)
+    assert report["verdict"]["status"] == "fail"
+    s = report["summary"]
+    assert s["aa"]["exact"] == 8, "the replica is identical to the baseline"
+    assert s["candidate"]["hard"] >= 1
+    hard_ids = s["candidate"]["hard_prompt_ids"]
+    reasons = {r["rule"]: r for r in report["verdict"]["reasons"]}
+    assert reasons["hard_divergences"]["outcome"] == "fail"
+    assert hard_ids[0] in reasons["hard_divergences"]["message"]
+    first = next(p for p in report["prompts"] if p["id"] == hard_ids[0])
+    assert first["status"] == "hard" and first["candidate"]["first_divergence"] is not None
+    sides = {side["role"]: side for side in first["sides"]}
+    assert sides["baseline"]["top_at_divergence"] and sides["candidate"]["top_at_divergence"]
+    # The Markdown summary (CI job pages) names it too.
+    md = run_cli("report", report["run"]["id"], "--db", db, "--format", "md")
+    assert md.returncode == 1 and f"`{hard_ids[0]}` | hard" in md.stdout
+    check_html_in_chromium(out / report["run"]["id"] / "report.html", hard_ids[0], tmp_path)
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert path, "Debian's chromium is required (scripts/setup_venv.sh installs it)"
+    return path
+
+
+def check_html_in_chromium(html: Path, divergent_id: str, tmp_path: Path) -> None:
+    flags = [
+        chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ]  # fmt: skip
+    dom = subprocess.run(
+        [*flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "Parity verdict: FAIL" in dom.stdout
+    assert f'id="prompt-{divergent_id}"' in dom.stdout
+    assert 'class="tok div"' in dom.stdout  # the first divergence is highlighted
+    shot = tmp_path / "report.png"
+    done = subprocess.run(
+        [*flags, "--window-size=1200,900", f"--screenshot={shot}", html.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    # The verdict banner (fail = #b3261e) is painted at the top of the first screen.
+    image = Image.open(shot).convert("RGB")
+    top = image.crop((0, 0, image.width, 120))
+    red = sum(1 for r, g, b in top.getdata() if abs(r - 0xB3) < 12 and g < 0x40 and b < 0x40)
+    assert red > 10_000, f"only {red} verdict-red pixels at the top of the page"
+
+
+def test_killed_candidate_gives_error_then_resume_finishes(
+    reference_server, tmp_path: Path
+) -> None:
+    baseline = reference_server()
+    first_candidate = reference_server()
+    proxy = ForwardingProxy(first_candidate)
+    try:
+        corpus_path, policy_path = write_inputs(tmp_path, 8)
+        store = Store(tmp_path / "runs.sqlite3")
+        run_id = start_run(
+            store,
+            parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
+            parse_policy(policy_path.read_text(), str(policy_path)),
+            Targets(baseline, proxy.url),
+            out_dir=str(tmp_path / "out"),
+        )
+        victim = listener_pid(first_candidate)
+
+        def kill_after_three(done: int, total: int, result) -> None:
+            if done == 3:
+                os.kill(victim, signal.SIGKILL)
+
+        outcome = asyncio.run(execute_run(store, run_id, progress=kill_after_three))
+        assert outcome.status == "error" and outcome.verdict.status == "error", outcome
+        assert "failed 2 requests in a row" in (outcome.error or ""), outcome
+        record = store.get_run(run_id)
+        assert record.status == "error" and 3 <= record.prompts_ok < 8, record
+        report = json.loads((tmp_path / "out" / run_id / "report.json").read_text())
+        assert report["verdict"]["status"] == "error"
+        reasons = {r["rule"]: r["outcome"] for r in report["verdict"]["reasons"]}
+        assert reasons["complete"] == "undecided"
+
+        # A fresh candidate behind the same address; --resume replays only what is missing.
+        proxy.upstream = reference_server()
+        done = run_cli(
+            "run", "--resume", run_id, "--db", tmp_path / "runs.sqlite3", "--no-progress"
+        )
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert f"resuming run {run_id}: {record.prompts_ok}/8" in done.stderr
+        report = json.loads((tmp_path / "out" / run_id / "report.json").read_text())
+        assert report["verdict"]["status"] == "pass"
+        assert report["summary"]["prompts_compared"] == 8
+        store.close()
+    finally:
+        proxy.close()
+
+
+def test_slow_candidate_hits_timeout_and_retries_as_configured(
+    reference_server, tmp_path: Path
+) -> None:
+    baseline = reference_server()
+    candidate = reference_server()
+    # Every candidate request's first attempt takes 8 s more; the timeout is 6 s, one retry.
+    # (The timeout must leave room for a real answer from a loaded 2-core CI box.)
+    proxy = ForwardingProxy(candidate, delay_s=8.0, slow_first=1)
+    try:
+        corpus, policy = write_inputs(tmp_path, 3, timeout_s=6)
+        out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
+        started = time.monotonic()
+        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
+                       corpus, "--policy", policy, "--out", out, "--db", db,
+                       "--no-progress")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started > 6
+        report = only_report(out)
+        candidate_sides = [
+            side for p in report["prompts"] for side in p["sides"] if side["role"] == "candidate"
+        ]
+        assert [side["attempts"] for side in candidate_sides] == [2, 2, 2]
+        assert sorted(proxy.generate_bodies.values()) == [2, 2, 2]
+
+        # Always slow: each request is tried 1 + retries times, then the run stops undecided.
+        proxy.slow_first = 10**6
+        proxy.generate_bodies.clear()
+        out2 = tmp_path / "out2"
+        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
+                       corpus, "--policy", policy, "--out", out2, "--db", db,
+                       "--no-progress")  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        report = only_report(out2)
+        assert report["verdict"]["status"] == "error"
+        assert set(proxy.generate_bodies.values()) == {2}
+        errors = report["summary"]["errors"]["candidate"]
+        assert errors == {"timeout": sum(errors.values())} and errors["timeout"] >= 2
+        assert "failed 2 requests in a row" in report["run"]["error"]
+    finally:
+        proxy.close()
