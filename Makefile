@@ -25,14 +25,17 @@ test: lint
 COMPOSE ?= docker compose
 PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
 PROMOTE_ARGS ?=
-export KDTREE_PARITY_USER ?= $(shell id -u):$(shell id -g)
+REPORTS_DIR ?= $(or $(KDTREE_REPORTS_DIR),$(CURDIR)/runs/reports)
+# The sidecar writes reports into REPORTS_DIR as the invoking user.
+GATE_ENV = KDTREE_REPORTS_DIR=$(REPORTS_DIR) KDTREE_PARITY_USER=$$(id -u):$$(id -g)
 
 .PHONY: up down serve promote rollback
 
 ## up: build and start the gate in Docker: baseline (KDTREE_VERIFY=off), candidate (on), parity run
 up:
-	$(COMPOSE) up --build --detach
-	@echo "gate running: 'docker compose logs -f parity'; report in $${KDTREE_REPORTS_DIR:-./runs/reports}/latest"
+	mkdir -p $(REPORTS_DIR)
+	$(GATE_ENV) $(COMPOSE) up --build --detach
+	@echo "gate running: 'docker compose logs -f parity'; report in $(REPORTS_DIR)/latest"
 
 ## down: stop and remove every kdtree container (gate, serve and demo profiles)
 down:

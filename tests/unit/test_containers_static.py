@@ -398,3 +398,17 @@ def test_parity_cli_accepts_the_sidecar_commands() -> None:
         assert args.command == "run"
         policy = load_policy(args.policy)
         assert len(load_corpus(args.corpus)) >= policy.policy.gate.min_prompts
+
+
+def test_reports_go_to_a_named_volume_unless_a_directory_is_given() -> None:
+    """Plain `up` must work as the image's non-root user; make and promote bind a host dir."""
+    compose = load_compose()
+    assert "kdtree-reports" in compose["volumes"]
+    for name in ("parity", "demo-parity"):
+        assert compose["services"][name]["volumes"] == ["kdtree-reports:/reports"]
+        assert compose["services"][name]["user"] == "10001:10001"
+    env = {"KDTREE_REPORTS_DIR": "/srv/reports", "KDTREE_PARITY_USER": "1000:1000"}
+    bound = load_compose(env)["services"]["parity"]
+    assert bound["volumes"] == ["/srv/reports:/reports"] and bound["user"] == "1000:1000"
+    parity_stage = "\n".join(dockerfile_stages()["parity"])
+    assert "mkdir -p /reports && chown kdtree /reports" in parity_stage
