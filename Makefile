@@ -41,9 +41,10 @@ up:
 down:
 	$(COMPOSE) --profile gate --profile serve --profile demo down --remove-orphans
 
-## serve: one production SGLang server in Docker (KDTREE_VERIFY=on) on port $${KDTREE_PORT:-30000}
+## serve: build kdtree/inference:latest, start one SGLang server in Docker (KDTREE_VERIFY=on)
 serve:
-	$(COMPOSE) --profile serve up --build --detach
+	$(COMPOSE) build inference-candidate
+	$(COMPOSE) --profile serve up --detach
 
 ## promote: build the candidate (tag = git revision), gate it, tag `stable` and record only on a pass
 promote:

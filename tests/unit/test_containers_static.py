@@ -412,3 +412,9 @@ def test_reports_go_to_a_named_volume_unless_a_directory_is_given() -> None:
     assert bound["volumes"] == ["/srv/reports:/reports"] and bound["user"] == "1000:1000"
     parity_stage = "\n".join(dockerfile_stages()["parity"])
     assert "mkdir -p /reports && chown kdtree /reports" in parity_stage
+
+
+def test_the_production_service_never_builds() -> None:
+    """`up --build` must never rebuild the checkout into the image production runs (stable)."""
+    serve = load_compose({"KDTREE_SERVE_IMAGE": "kdtree/inference:stable"})["services"]["inference"]
+    assert "build" not in serve and serve["image"] == "kdtree/inference:stable"
