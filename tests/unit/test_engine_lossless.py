@@ -70,3 +70,40 @@ def test_speculative_greedy_equals_plain_greedy(
 def test_plain_greedy_with_op_equals_reference(plain_greedy: list[list[int]]) -> None:
     outputs, _ = _run("op", SpecConfig(num_draft_tokens=1), batch=8)
     assert outputs == plain_greedy
+
+
+def test_triton_backend_under_interpreter_is_lossless() -> None:
+    """SGLang's own extend_attention_fwd (Triton interpreter on CPU, float32) as the verify kernel.
+
+    A 1-layer, 4-head variant keeps the interpreter's cost down; both sides use the same model.
+    """
+    from kdtree_inference.engine.config import ModelConfig
+
+    model = ModelConfig(num_layers=1, num_heads=4)
+    texts = ["1 2 1 2 1 2", "xyzxyzxyz"]
+
+    def run(attention: str, spec: SpecConfig) -> list:
+        engine = Engine(EngineConfig(attention=attention, model=model, spec=spec, max_batch_size=2))
+        engine.start()
+        try:
+            engine.wait_ready()
+            futures = [
+                engine.submit(
+                    GenerationRequest(
+                        rid=str(i),
+                        input_ids=engine.tokenizer.encode(t),
+                        max_new_tokens=12,
+                        ignore_eos=True,
+                        temperature=0.0,
+                    )
+                )
+                for i, t in enumerate(texts)
+            ]
+            return [f.result(timeout=600) for f in futures]
+        finally:
+            engine.stop()
+
+    plain = run("reference", SpecConfig(num_draft_tokens=1))
+    triton = run("triton", SpecConfig(num_draft_tokens=4, topk=2, max_depth=3))
+    assert [r.output_ids for r in triton] == [r.output_ids for r in plain]
+    assert sum(r.spec_num_correct_drafts for r in triton) > 0
