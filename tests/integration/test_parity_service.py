@@ -1,0 +1,120 @@
+"""The parity service (``kdtree-parity serve``, a real uvicorn subprocess) running a gate
+against real reference-engine servers: auth, one run at a time, progress, reports, metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from test_parity_gate import write_inputs
+
+from kdtree_parity.report import build_report
+from kdtree_parity.report.schema import Report
+from kdtree_parity.store import Store
+
+pytestmark = pytest.mark.slow
+TOKEN = "integration-token"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def parity_service(reference_server, tmp_path: Path):
+    baseline, candidate = reference_server(), reference_server()
+    corpus, policy = write_inputs(tmp_path, 6)
+    port = free_port()
+    env = {
+        **os.environ,
+        "KDTREE_PARITY_TOKEN": TOKEN,
+        "KDTREE_PARITY_BASELINE_URL": baseline,
+        "KDTREE_PARITY_CANDIDATE_URL": candidate,
+        "KDTREE_PARITY_CORPUS": str(corpus),
+        "KDTREE_PARITY_POLICY": str(policy),
+        "KDTREE_PARITY_DB": str(tmp_path / "runs.sqlite3"),
+        "KDTREE_PARITY_OUT": str(tmp_path / "out"),
+    }
+    log = (tmp_path / "service.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kdtree_parity.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "service.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "parity service did not start"
+            time.sleep(0.2)
+        yield url, tmp_path, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=20)
+        log.close()
+
+
+def test_service_runs_the_gate_for_its_configured_pair(parity_service) -> None:
+    url, tmp_path, proc = parity_service
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert http.post("/runs", json={}).status_code == 401
+        refused = http.post("/runs", json={"candidate": "http://127.0.0.1:1"}, headers=auth)
+        assert refused.status_code == 400
+
+        created = http.post("/runs", json={}, headers=auth)
+        assert created.status_code == 202, created.text
+        run = created.json()
+        assert run["status"] == "running" and run["progress"]["total"] == 6
+        busy = http.post("/runs", json={}, headers=auth)
+        assert busy.status_code == 409 and run["id"] in busy.json()["detail"]
+
+        seen_progress = set()
+        deadline = time.monotonic() + 240
+        while run["status"] == "running":
+            assert time.monotonic() < deadline, run
+            time.sleep(0.5)
+            run = http.get(f"/runs/{run['id']}").json()
+            seen_progress.add(run["progress"]["done"])
+        assert run["status"] == "passed", run
+        assert run["verdict"]["status"] == "pass" and run["progress"]["done"] == 6
+        assert max(seen_progress) == 6
+
+        report = Report.model_validate(http.get(f"/runs/{run['id']}/report.json").json())
+        assert report.verdict.status == "pass" and report.summary.prompts_compared == 6
+        html = http.get(f"/runs/{run['id']}/report.html")
+        assert html.status_code == 200 and "Parity verdict: PASS" in html.text
+        assert (tmp_path / "out" / run["id"] / "report.html").is_file()
+        assert [r["id"] for r in http.get("/runs").json()] == [run["id"]]
+        metrics = http.get("/metrics").text
+        assert 'kdtree_parity_runs_total{status="passed"} 1.0' in metrics
+        assert 'kdtree_parity_prompts_total{klass="exact"} 6.0' in metrics
+        # A second run is accepted once the first is done.
+        again = http.post("/runs", json={"corpus": "short"}, headers=auth)
+        assert again.status_code == 202 and again.json()["progress"]["total"] == 24
+    # Stopping the service mid-run records that run as interrupted, never as passed.
+    proc.terminate()
+    proc.wait(timeout=30)  # uvicorn shuts down gracefully, then re-raises SIGTERM (-15)
+    assert "Application shutdown complete" in (tmp_path / "service.log").read_text()
+    store = Store(tmp_path / "runs.sqlite3")
+    record = store.get_run(again.json()["id"])
+    assert record.status == "interrupted" and record.verdict is None
+    assert build_report(store, record.id).verdict.status == "error"
+    store.close()

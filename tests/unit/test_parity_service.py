@@ -1,0 +1,93 @@
+"""The service's guard rails, in process (no inference servers needed): auth, the refusal of
+caller-supplied targets, unknown pairs and fields, and a service without a token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kdtree_parity.runner import Targets
+from kdtree_parity.service import ServiceSettings, create_app, load_pairs
+
+TOKEN = "s3cret-token"
+
+
+def settings(tmp_path: Path, token: str = TOKEN) -> ServiceSettings:
+    return ServiceSettings(
+        token=token,
+        pairs={"default": Targets("http://127.0.0.1:9", "http://127.0.0.1:9")},
+        corpus="short",
+        policy="short",
+        db=str(tmp_path / "runs.sqlite3"),
+        out=str(tmp_path / "out"),
+    )
+
+
+@pytest.fixture
+def client(tmp_path: Path):
+    with TestClient(create_app(settings(tmp_path))) as c:
+        yield c
+
+
+def test_post_runs_needs_the_bearer_token(client: TestClient) -> None:
+    assert client.post("/runs", json={}).status_code == 401
+    wrong = client.post("/runs", json={}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    basic = client.post("/runs", json={}, headers={"Authorization": f"Basic {TOKEN}"})
+    assert basic.status_code == 401
+    assert client.get("/runs").json() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"baseline": "http://10.0.0.1:80"},
+        {"candidate": "http://169.254.169.254/"},
+        {"targets": {"baseline": "x"}},
+        {"pair": "default", "replica": "http://example.com"},
+    ],
+)
+def test_caller_supplied_targets_are_refused(client: TestClient, body: dict) -> None:
+    resp = client.post("/runs", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status_code == 400
+    assert "targets come from the service configuration" in resp.json()["detail"]
+    assert client.get("/runs").json() == []  # nothing was started
+
+
+def test_bad_requests_are_named(client: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert client.post("/runs", json={"pair": "other"}, headers=auth).status_code == 404
+    resp = client.post("/runs", json={"corpus": "/etc/passwd"}, headers=auth)
+    assert resp.status_code == 400 and "corpus must be" in resp.json()["detail"]
+    resp = client.post("/runs", json={"colour": "red"}, headers=auth)
+    assert resp.status_code == 400 and "unknown field" in resp.json()["detail"]
+    resp = client.post("/runs", content=b"[1, 2]", headers=auth)
+    assert resp.status_code == 400
+    assert client.get("/runs/nope").status_code == 404
+    assert client.get("/runs/nope/report.html").status_code == 404
+
+
+def test_without_a_configured_token_mutations_are_disabled(tmp_path: Path) -> None:
+    with TestClient(create_app(settings(tmp_path, token=""))) as c:
+        resp = c.post("/runs", json={}, headers={"Authorization": "Bearer "})
+        assert resp.status_code == 403 and "KDTREE_PARITY_TOKEN" in resp.json()["detail"]
+        assert c.get("/health").json()["status"] == "ok"
+        assert "kdtree_parity_runs_running" in c.get("/metrics").text
+
+
+def test_settings_from_env_and_pairs_file(tmp_path: Path) -> None:
+    env = {"KDTREE_PARITY_TOKEN": "t", "KDTREE_PARITY_BASELINE_URL": "http://b:1"}
+    s = ServiceSettings.from_env(env)
+    assert s.token == "t" and s.pairs["default"].baseline == "http://b:1"
+    assert s.pairs["default"].candidate == "http://127.0.0.1:30001"  # the documented default
+    pairs = tmp_path / "pairs.yaml"
+    pairs.write_text(
+        "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
+    )
+    s = ServiceSettings.from_env({"KDTREE_PARITY_PAIRS": str(pairs)})
+    assert s.pairs == {"gpu0": Targets("http://a:1", "http://c:1", "http://r:1")}
+    pairs.write_text("gpu0:\n  baseline: http://a:1\n")
+    with pytest.raises(ValueError, match="needs 'baseline' and 'candidate'"):
+        load_pairs(pairs)
