@@ -53,3 +53,13 @@ promote:
 ## rollback: point `stable` back at the previously promoted digest (from promotions/) and record it
 rollback:
 	$(PROMOTE) rollback $(PROMOTE_ARGS)
+
+# ---- parity sidecar (README "The parity sidecar"). Targets, corpus, policy and output come
+# from KDTREE_PARITY_* (see the Configuration table); PARITY_ARGS adds or overrides flags.
+PARITY_ARGS ?=
+
+.PHONY: parity
+
+## parity: one sidecar run against a running baseline/candidate pair (URLs from KDTREE_PARITY_*_URL); exit 0 pass, 1 fail, 2 undecided
+parity: setup
+	$(VENV)/bin/kdtree-parity run $(PARITY_ARGS)

@@ -20,5 +20,15 @@ step "development tools"
 "${pip[@]}" -r requirements/dev.txt
 step "kdtree packages (editable)"
 "${pip[@]}" --no-deps --no-build-isolation -e kernel -e services/inference -e services/parity
+step "chromium (the parity report's HTML is checked in headless Chromium by the tests)"
+if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  echo "present: $(command -v chromium || command -v chromium-browser)"
+elif command -v apt-get >/dev/null 2>&1; then
+  sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends chromium
+else
+  echo "WARNING: no chromium and no apt-get: tests/integration/test_parity_gate.py will fail" >&2
+fi
 touch "$VENV/.setup-done"
 step "done: $("$VENV/bin/python" -c 'import torch, sglang; print("torch", torch.__version__, "sglang", sglang.__version__)')"
