@@ -20,6 +20,19 @@ lint: setup
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# ---- embedded reference engine (README "The embedded reference engine")
+DEMO_ARGS ?=
+
+.PHONY: demo margins
+
+## demo: start a baseline (KDTREE_VERIFY=off) and a candidate (on) engine on loopback, compare them token by token
+demo: setup
+	$(PY) -m kdtree_inference.engine.demo $(DEMO_ARGS)
+
+## margins: print the reference model's greedy top-1/top-2 logit margin distribution
+margins: setup
+	$(PY) -m kdtree_inference.engine.margins
+
 # ---- containers and promotion (README "Containers and promotion"). Docker with the compose
 # plugin and the NVIDIA Container Toolkit on a GPU host; promotion logic is stdlib-only Python.
 COMPOSE ?= docker compose

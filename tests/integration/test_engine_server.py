@@ -21,21 +21,6 @@ def test_health_is_503_until_warm_then_200(reference_server) -> None:
     assert httpx.get(url + "/health", timeout=5).status_code == 200
 
 
-def test_kdtree_verify_env_selects_backend(reference_server) -> None:
-    off = reference_server(env={"KDTREE_VERIFY": "off"})
-    on = reference_server(env={"KDTREE_VERIFY": "on"})
-    info_off = httpx.get(off + "/model_info", timeout=5).json()["kdtree_engine"]
-    info_on = httpx.get(on + "/model_info", timeout=5).json()["kdtree_engine"]
-    assert info_off["attention_backend"] == "reference"
-    assert info_on["attention_backend"] == "op"
-    body = {"text": "The cat sat on the mat. The cat", "sampling_params": {"temperature": 0,
-            "max_new_tokens": 24, "ignore_eos": True}}  # fmt: skip
-    a = httpx.post(off + "/generate", json=body, timeout=60).json()
-    b = httpx.post(on + "/generate", json=body, timeout=60).json()
-    assert a["output_ids"] == b["output_ids"]
-    assert len(a["output_ids"]) == 24
-
-
 def test_fault_layer_makes_a_different_model(reference_server) -> None:
     good = reference_server(attention="op")
     bad = reference_server(attention="op", fault_layer=1, fault_scale=3.0)
