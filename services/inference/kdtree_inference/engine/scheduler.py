@@ -376,8 +376,8 @@ class Engine:
                 break
             path.append(match)
             node = match
-        keep = torch.tensor(path, dtype=torch.int64)
-        drop = torch.ones(tree.size, dtype=torch.bool)
+        keep = torch.tensor(path, dtype=torch.int64, device=tree_slots.device)
+        drop = torch.ones(tree.size, dtype=torch.bool, device=tree_slots.device)
         drop[keep] = False
         self.pool.free(tree_slots[drop])
         item.slots = torch.cat([item.slots, tree_slots[keep]])
