@@ -76,3 +76,21 @@ PARITY_ARGS ?=
 ## parity: one sidecar run against a running baseline/candidate pair (URLs from KDTREE_PARITY_*_URL); exit 0 pass, 1 fail, 2 undecided
 parity: setup
 	$(VENV)/bin/kdtree-parity run $(PARITY_ARGS)
+
+# ---- the CUDA kernel (README "The kernel and its numbers"). Archs from KDTREE_CUDA_ARCHS
+# (default 80;90;120); the build goes to KDTREE_BUILD_DIR (default kernel/build/torch<version>).
+BENCH_OUT ?= bench/results/local.json
+
+.PHONY: kernel ptxas bench
+
+## kernel: build the CUDA extension (needs a full CUDA toolkit; loads on first use if you skip this)
+kernel: setup
+	$(PY) -m kdtree_verify._build
+
+## ptxas: compile the kernel for each arch with ptxas -v, check spills/smem, refresh bench/results/ptxas_summary.json
+ptxas: setup
+	$(PY) -m kdtree_verify._ptxas --out bench/results/ptxas_summary.json
+
+## bench: kernel benchmark on the local GPU vs SGLang's Triton kernels (writes BENCH_OUT; see bench/README.md)
+bench: setup
+	$(PY) bench/kernel_bench.py --out $(BENCH_OUT)

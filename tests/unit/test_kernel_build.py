@@ -1,0 +1,90 @@
+"""CI check of the CUDA kernel without a GPU: compile the device code for sm_80, sm_90 and sm_120
+with ``ptxas -v`` (nvcc 13 is on the CI machine) and hold the report to the rules: no spills, no
+local-memory stack frame in the attention kernel, registers that fit the launch, and at most
+101,376 bytes of shared memory per block on sm_120. Also: the committed summary in
+bench/results/ptxas_summary.json is the report of the current source, and the build's arch
+configuration parses and refuses bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kdtree_verify import _build, _ptxas
+
+REPO = Path(__file__).resolve().parents[2]
+ARCHS = ["80", "90", "120"]
+KERNELS = {
+    "plan_kernel",
+    "attention_kernel<bf16>",
+    "attention_kernel<fp16>",
+    "combine_kernel<bf16>",
+    "combine_kernel<fp16>",
+}
+
+
+@pytest.fixture(scope="module")
+def ptxas_check() -> tuple[list[_ptxas.KernelReport], list[str]]:
+    return _ptxas.check(ARCHS)
+
+
+def test_every_kernel_compiles_for_every_arch(ptxas_check) -> None:
+    reports, _ = ptxas_check
+    compiled = {(r.arch, r.kernel) for r in reports}
+    assert compiled == {(f"sm_{a}", k) for a in ARCHS for k in KERNELS}
+
+
+def test_ptxas_report_is_clean(ptxas_check) -> None:
+    reports, found = ptxas_check
+    assert found == [], "\n".join(found)
+    for r in reports:
+        assert r.spill_stores == 0 and r.spill_loads == 0, r
+
+
+def test_sm120_shared_memory_fits_one_block(ptxas_check) -> None:
+    reports, _ = ptxas_check
+    attention = [r for r in reports if r.arch == "sm_120" and r.kernel.startswith("attention")]
+    assert attention, "no sm_120 attention kernel in the report"
+    for r in attention:
+        assert 0 < r.dynamic_smem <= r.smem_per_block <= _ptxas.SM120_SMEM_LIMIT, r
+
+
+def test_committed_summary_is_the_current_report(ptxas_check) -> None:
+    reports, _ = ptxas_check
+    committed = json.loads((REPO / "bench/results/ptxas_summary.json").read_text())
+    assert committed["problems"] == []
+    fresh = {(r.arch, r.kernel): (r.registers, r.smem_per_block) for r in reports}
+    saved = {
+        (k["arch"], k["kernel"]): (k["registers"], k["smem_per_block"])
+        for k in committed["kernels"]
+    }
+    assert saved == fresh, "rerun `make ptxas` and commit bench/results/ptxas_summary.json"
+
+
+def test_checker_flags_spills_stack_and_oversized_smem() -> None:
+    """The rules can fail: a synthetic report with every violation is caught."""
+    text = (
+        "ptxas info    : Compiling entry function '_Z16attention_kernelI13__nv_bfloat16E' "
+        "for 'sm_120'\n"
+        "ptxas info    : Function properties for x\n"
+        "    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 16 barriers, 4096 bytes smem\n"
+    )
+    reports = _ptxas.parse_report(text, {"smem": 100_000, "threads": 512, "combine_threads": 256})
+    assert len(reports) == 1 and reports[0].smem_per_block == 104_096
+    found = " ".join(_ptxas.problems(reports))
+    for needle in ("spills", "stack frame", "registers", "shared memory"):
+        assert needle in found
+
+
+def test_arch_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KDTREE_CUDA_ARCHS", raising=False)
+    assert _build.cuda_archs() == ["80", "90", "120"]
+    monkeypatch.setenv("KDTREE_CUDA_ARCHS", "90")
+    assert _build.gencode_flags(_build.cuda_archs()) == ["-gencode=arch=compute_90,code=sm_90"]
+    monkeypatch.setenv("KDTREE_CUDA_ARCHS", "sm_90")
+    with pytest.raises(ValueError, match="KDTREE_CUDA_ARCHS"):
+        _build.cuda_archs()

@@ -1,0 +1,76 @@
+"""The CUDA kernel's plan on the CPU: the workspace size formula, the row-tile bound and the split
+cap (kdtree_verify/plan.py), and that its constants agree with csrc/verify_config.h."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from kdtree_verify import plan
+
+CONFIG = (Path(plan.__file__).resolve().parent.parent / "csrc" / "verify_config.h").read_text()
+
+
+def _cpp_constant(name: str) -> int:
+    match = re.search(rf"constexpr int {name} = (\d+);", CONFIG)
+    assert match, f"{name} not found in verify_config.h"
+    return int(match.group(1))
+
+
+def test_constants_match_the_kernel_config() -> None:
+    assert _cpp_constant("kBlockM") == plan.BLOCK_M
+    assert _cpp_constant("kMaxSplits") == plan.MAX_SPLITS
+    assert _cpp_constant("kHeadDimV") == plan.V_DIM
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tile_slots_bound_any_split_of_tokens_into_requests(seed: int) -> None:
+    rng = random.Random(seed)
+    batch = rng.randint(1, 64)
+    heads = rng.choice([1, 8, 12, 16, 128])
+    counts = [rng.choice([0, 1, 2, 5, 13, 33, 64]) for _ in range(batch)]
+    total = sum(counts)
+    needed = sum(math.ceil(n * heads / plan.BLOCK_M) for n in counts)
+    assert needed <= plan.num_tile_slots(batch, heads, total)
+
+
+def test_tile_slots_is_tight_for_uniform_batches() -> None:
+    # 1 request x 8 tokens x 8 heads = 64 rows = 2 tiles; the bound allows one spare slot.
+    assert plan.num_tile_slots(1, 8, 8) == 3
+    assert plan.num_tile_slots(4, 128, 128) == 4 * 32 * 128 // 32 + 4
+
+
+def test_workspace_layout_formula() -> None:
+    layout = plan.workspace_layout(batch_size=3, slots=10, max_splits=4)
+    offsets = layout.offsets()
+    assert offsets == sorted(offsets) and all(o % plan.ALIGN == 0 for o in offsets)
+    partial_rows = 4 * 10 * plan.BLOCK_M
+    assert layout.tile_req - layout.req >= 32 * 3
+    assert layout.o_part - layout.lse_part >= 4 * partial_rows
+    assert layout.total_bytes - layout.o_part == 4 * 512 * partial_rows  # 256-aligned already
+    assert layout.total_bytes % plan.ALIGN == 0
+
+
+def test_single_split_needs_no_partial_buffers() -> None:
+    layout = plan.workspace_layout(batch_size=32, slots=4096, max_splits=1)
+    assert layout.total_bytes == layout.o_part == layout.lse_part + 0
+    assert layout.total_bytes < 100_000
+
+
+def test_workspace_layout_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="max_splits"):
+        plan.workspace_layout(1, 1, plan.MAX_SPLITS + 1)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan.workspace_layout(0, 1, 1)
+
+
+def test_max_splits_fills_the_machine_then_drops_to_one() -> None:
+    # B=1, H=8, T=8: 2 row tiles, so up to 2 x 132 / 2 = 132 -> capped at MAX_SPLITS.
+    assert plan.choose_max_splits(8, 8, target_ctas=132) == plan.MAX_SPLITS
+    assert plan.choose_max_splits(16, 16, target_ctas=132) == 33
+    # H=128 x 32 tokens x 32 requests = 4096 row tiles: no splitting, no combine.
+    assert plan.choose_max_splits(128, 32 * 32, target_ctas=132) == 1
