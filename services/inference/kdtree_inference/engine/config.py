@@ -76,7 +76,7 @@ class EngineConfig:
     attention: str = "reference"
     device: str = "cpu"
     dtype: str = "float32"
-    kv_pool_size: int = 65536  # KV slots per layer
+    kv_pool_size: int = 32768  # KV slots per layer (one per token, shared by all requests)
     max_batch_size: int = 16  # requests decoded together in one verify forward
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 1024

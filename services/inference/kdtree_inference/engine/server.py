@@ -60,11 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup-delay", type=float, default=0.0,
                    help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
+    p.add_argument("--threads", type=int, default=int(os.environ.get("KDTREE_ENGINE_THREADS", "1")),
+                   help="torch CPU threads (default 1: the model is tiny, and a demo runs two "
+                   "servers side by side)")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     attention = args.attention or default_attention_backend(device)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
