@@ -24,7 +24,10 @@ def _cached_plan(q: torch.Tensor, batch_size: int) -> VerifyPlan:
     plan = _plan_cache.get(key)
     if plan is None:
         plan = make_plan(batch_size, q.shape[1], q.shape[0], q.device, dtype=q.dtype)
-        _plan_cache[key] = plan
+        # A workspace allocated during CUDA-graph capture lives in that graph's private pool: use
+        # it for this capture only, never hand it to later eager calls.
+        if not torch.cuda.is_current_stream_capturing():
+            _plan_cache[key] = plan
     return plan
 
 
