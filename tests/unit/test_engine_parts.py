@@ -19,7 +19,7 @@ from kdtree_inference.engine.margins import greedy_margins, summarize
 from kdtree_inference.engine.model import load_weights, save_weights, seeded_weights
 from kdtree_inference.engine.protocol import RequestError, build_requests
 from kdtree_inference.engine.sampling import sample_token
-from kdtree_inference.engine.scheduler import Engine, GenerationRequest
+from kdtree_inference.engine.scheduler import Engine, EngineStepError, GenerationRequest
 from kdtree_inference.engine.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 
 
@@ -196,3 +196,29 @@ def test_request_building() -> None:
         build_requests({"text": "a", "sampling_params": {"max_tokens": 1}}, cfg, tok)
     with pytest.raises(RequestError, match="not supported"):
         build_requests({"text": "a", "sampling_params": {"n": 2}}, cfg, tok)
+
+
+def test_a_failing_forward_fails_its_requests_and_the_engine_recovers() -> None:
+    eng = Engine(EngineConfig(kv_pool_size=2048))
+    eng.start()
+    eng.wait_ready()
+    try:
+        calls = {"n": 0}
+
+        def fail_third_call(args: dict) -> None:
+            calls["n"] += 1
+            if calls["n"] == 3:  # prefill (2 layers) succeeds, the first verify step fails
+                raise RuntimeError("injected kernel failure")
+
+        eng.model.attention.observers.append(fail_third_call)
+        future = eng.submit(
+            GenerationRequest(rid="f", input_ids=[BOS_ID, 65, 66], max_new_tokens=8)
+        )
+        with pytest.raises(EngineStepError, match="injected kernel failure"):
+            future.result(timeout=60)
+        eng.model.attention.observers.clear()
+        assert eng.pool.num_free == 2047  # nothing leaked
+        ok = eng.generate(GenerationRequest(rid="g", input_ids=[BOS_ID, 65], max_new_tokens=4), 60)
+        assert len(ok.output_ids) == 4
+    finally:
+        eng.stop()

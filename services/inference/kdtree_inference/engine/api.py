@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from .protocol import CompletionRequestModel, RequestError, build_requests
-from .scheduler import Engine, GenerationRequest, GenerationResult
+from .scheduler import Engine, EngineStepError, GenerationRequest, GenerationResult
 
 log = logging.getLogger("kdtree_inference.engine.api")
 
@@ -195,9 +195,9 @@ class EngineAPI:
                         raise RequestError("stream is supported for single prompts only")
                     return self._stream(requests[0], with_text)
                 results = await self.run(requests)
-            except RequestError as exc:
-                return _error(str(exc))
-            except ValueError as exc:  # e.g. a request larger than the whole KV pool
+            except EngineStepError as exc:
+                return _error(str(exc), 500)
+            except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
                 return _error(str(exc))
             outputs = [
                 self._output(r, res, with_text) for r, res in zip(requests, results, strict=True)
@@ -247,7 +247,9 @@ class EngineAPI:
                 }
                 requests, _, _ = build_requests(gen_body, engine.config, engine.tokenizer)
                 results = await self.run(requests)
-            except (RequestError, ValueError) as exc:
+            except EngineStepError as exc:
+                return _error(str(exc), 500)
+            except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
                 return _error(str(exc))
             return JSONResponse(self._completion_response(oa, requests, results))
 

@@ -39,6 +39,10 @@ log = logging.getLogger("kdtree_inference.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class EngineStepError(RuntimeError):
+    """A forward failed inside the engine (a server fault, not a client error)."""
+
+
 @dataclass
 class GenerationRequest:
     """One prompt's generation job, already validated by the API layer."""
@@ -196,12 +200,13 @@ class Engine:
                 break
             try:
                 running = self._serve_batch(waiting, running, one_step=True)
-            except BaseException as exc:  # never lose a request silently: fail them all
+            except Exception as exc:  # never lose a request silently: fail them all
                 log.exception("engine step failed")
+                failure = EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}")
                 for item in running:
                     self._release(item)
                     if not item.future.done():
-                        item.future.set_exception(exc)
+                        item.future.set_exception(failure)
                 running = []
             self.num_running, self.num_waiting = len(running), len(waiting)
         for req, future in waiting:
@@ -246,7 +251,14 @@ class Engine:
                 break  # wait for running requests to finish and free their slots
             waiting.pop(0)
             if future.set_running_or_notify_cancel():
-                item = self._prefill(req, future)
+                try:
+                    item = self._prefill(req, future)
+                except Exception as exc:  # this request fails; the others carry on
+                    log.exception("prefill of %s failed", req.rid)
+                    future.set_exception(
+                        EngineStepError(f"prefill failed: {type(exc).__name__}: {exc}")
+                    )
+                    continue
                 if item.result.finish_reason is None:
                     running.append(item)
                     reserved += self._reserve(req) - item.seq_len
@@ -270,7 +282,11 @@ class Engine:
         )
         ids = torch.tensor(req.input_ids, dtype=torch.int64, device=device)
         positions = torch.arange(n, device=device)
-        logits = self.model.forward(ids, positions, meta, self.pool).cpu()
+        try:
+            logits = self.model.forward(ids, positions, meta, self.pool).cpu()
+        except Exception:
+            self.pool.free(slots)
+            raise
         result = GenerationResult(rid=req.rid, prompt_tokens=n)
         if req.return_logprob and req.logprob_start_len >= 0:
             self._input_logprobs(req, logits, result)
@@ -340,12 +356,16 @@ class Engine:
             out_cache_loc=out_cache_loc,
             max_extend_len=n,
         )
-        logits = self.model.forward(
-            torch.tensor(ids, dtype=torch.int64, device=device),
-            torch.tensor(positions, dtype=torch.int64, device=device),
-            meta,
-            self.pool,
-        ).cpu()
+        try:
+            logits = self.model.forward(
+                torch.tensor(ids, dtype=torch.int64, device=device),
+                torch.tensor(positions, dtype=torch.int64, device=device),
+                meta,
+                self.pool,
+            ).cpu()
+        except Exception:
+            self.pool.free(out_cache_loc)  # the caller fails these requests and frees the rest
+            raise
         still_running = []
         for b, (item, tree) in enumerate(zip(running, trees, strict=True)):
             self._commit(item, tree, logits[b * n : (b + 1) * n], out_locs[b])

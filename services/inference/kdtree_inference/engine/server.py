@@ -113,7 +113,16 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     engine = Engine(config)
     api = EngineAPI(engine, EngineMetrics(config.attention))
     server = uvicorn.Server(
-        uvicorn.Config(api.app, host=host, port=port, log_level=log_level, access_log=False)
+        uvicorn.Config(
+            api.app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            # On SIGTERM, in-flight generations get 5 s; then they are cancelled and the engine
+            # stops (a long batch must not keep a stopped server alive).
+            timeout_graceful_shutdown=5,
+        )
     )
 
     def watch_startup() -> None:
