@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -225,6 +226,11 @@ def test_kernel_is_built_by_make_kernel_like_everywhere_else() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^kernel:", makefile, re.MULTILINE), "the Makefile has no kernel target"
     assert re.search(r"^## kernel: ", makefile, re.MULTILINE)
+    # One build path: the target runs the module the op itself loads the extension with.
+    recipe = re.search(r"^kernel:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert recipe and "-m kdtree_verify._build" in recipe.group(1)
+    build_module = (ROOT / "kernel" / "kdtree_verify" / "_build.py").read_text()
+    assert "KDTREE_BUILD_DIR" in build_module and "KDTREE_BUILD_WITHOUT_GPU" in build_module
     # The archs the image builds by default are the ones the Makefile builds by default.
     default_archs = re.search(r'ARG KDTREE_CUDA_ARCHS="([^"]+)"', "\n".join(stages["kernel-build"]))
     assert default_archs and default_archs.group(1) == "80;90;120"
@@ -418,3 +424,33 @@ def test_the_production_service_never_builds() -> None:
     """`up --build` must never rebuild the checkout into the image production runs (stable)."""
     serve = load_compose({"KDTREE_SERVE_IMAGE": "kdtree/inference:stable"})["services"]["inference"]
     assert "build" not in serve and serve["image"] == "kdtree/inference:stable"
+
+
+def test_make_kernel_in_the_image_does_not_rerun_setup(tmp_path: Path) -> None:
+    """Replay the kernel-build stage's COPYs and its `touch .setup-done`, then ask make what
+    `make kernel` would run: only the build, never scripts/setup_venv.sh (the image has no
+    python3.11 and needs none of the dev tools)."""
+    for line in dockerfile_stages()["kernel-build"]:
+        if not line.startswith("COPY ") or "--from" in line:
+            continue
+        *sources, destination = line.split()[1:]
+        for source in sources:
+            src, dest = ROOT / source, tmp_path / destination
+            if src.is_dir():
+                shutil.copytree(src, dest, dirs_exist_ok=True)
+            else:
+                dest = dest / src.name if destination.endswith("/") else dest
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+
+    def dry_run() -> str:
+        command = ["make", "-n", "kernel", f"VENV={venv}"]
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert "setup_venv.sh" in dry_run()  # without the marker make would run the whole setup
+    (venv / ".setup-done").touch()
+    assert dry_run() == f"{venv}/bin/python -m kdtree_verify._build"
