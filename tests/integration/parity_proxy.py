@@ -2,9 +2,11 @@
 
 It sits in front of a real engine server and can (a) delay the first ``slow_first`` requests
 it sees for each distinct /generate body by ``delay_s`` seconds -- a slow server, as the
-sidecar's timeout sees it -- and (b) be pointed at a different upstream while running (a
-restarted server). When the upstream cannot be reached it closes the client's connection
-without an answer, which is what a dead server looks like to a client.
+sidecar's timeout sees it --, (b) call ``on_generate(n)`` before forwarding the n-th /generate
+request (a test kills the real upstream there: the server dies with work outstanding), and
+(c) be pointed at a different upstream while running (a restarted server). When the upstream
+cannot be reached it closes the client's connection without an answer, which is what a dead
+server looks like to a client.
 """
 
 from __future__ import annotations
@@ -12,13 +14,21 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import httpx
 
 
 class ForwardingProxy:
-    def __init__(self, upstream: str, delay_s: float = 0.0, slow_first: int = 0) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        delay_s: float = 0.0,
+        slow_first: int = 0,
+        on_generate: Callable[[int], None] | None = None,
+    ) -> None:
         self.upstream = upstream
+        self.on_generate = on_generate
         self.delay_s = delay_s
         self.slow_first = slow_first
         self.generate_bodies: Counter[bytes] = Counter()
@@ -44,10 +54,15 @@ class ForwardingProxy:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
 
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     @property
     def attempts(self) -> int:
@@ -67,6 +82,8 @@ class ForwardingProxy:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 if path == "/generate":
                     self.generate_bodies[body] += 1
+                    if self.on_generate is not None:
+                        self.on_generate(self.attempts)
                     if self.generate_bodies[body] <= self.slow_first:
                         await asyncio.sleep(self.delay_s)
                 try:

@@ -94,9 +94,14 @@ def listener_pid(url: str) -> int:
     return pids.pop()
 
 
-def test_identical_servers_pass(reference_server, tmp_path: Path) -> None:
-    baseline = reference_server()
-    candidate = reference_server()
+@pytest.fixture(scope="module")
+def shared_pair(reference_server_module) -> tuple[str, str]:
+    """A baseline and an identical second server (same seed), shared by this file's tests."""
+    return reference_server_module(), reference_server_module()
+
+
+def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) -> None:
+    baseline, candidate = shared_pair
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
     done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
@@ -117,10 +122,9 @@ def test_identical_servers_pass(reference_server, tmp_path: Path) -> None:
 
 
 def test_faulty_candidate_fails_with_named_hard_divergences(
-    reference_server, tmp_path: Path
+    shared_pair: tuple[str, str], reference_server, tmp_path: Path
 ) -> None:
-    baseline = reference_server()
-    replica = reference_server()
+    baseline, replica = shared_pair
     candidate = reference_server(fault_layer=1, fault_scale=1.5)
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
@@ -182,11 +186,17 @@ def check_html_in_chromium(html: Path, divergent_id: str, tmp_path: Path) -> Non
 
 
 def test_killed_candidate_gives_error_then_resume_finishes(
-    reference_server, tmp_path: Path
+    shared_pair: tuple[str, str], reference_server, tmp_path: Path
 ) -> None:
-    baseline = reference_server()
+    baseline, _ = shared_pair
     first_candidate = reference_server()
-    proxy = ForwardingProxy(first_candidate)
+    victim = listener_pid(first_candidate)
+
+    def kill_at_fourth_request(n: int) -> None:
+        if n == 4:  # three candidate answers are in flight or done; the rest never come
+            os.kill(victim, signal.SIGKILL)
+
+    proxy = ForwardingProxy(first_candidate, on_generate=kill_at_fourth_request)
     try:
         corpus_path, policy_path = write_inputs(tmp_path, 8)
         store = Store(tmp_path / "runs.sqlite3")
@@ -197,17 +207,11 @@ def test_killed_candidate_gives_error_then_resume_finishes(
             Targets(baseline, proxy.url),
             out_dir=str(tmp_path / "out"),
         )
-        victim = listener_pid(first_candidate)
-
-        def kill_after_three(done: int, total: int, result) -> None:
-            if done == 3:
-                os.kill(victim, signal.SIGKILL)
-
-        outcome = asyncio.run(execute_run(store, run_id, progress=kill_after_three))
+        outcome = asyncio.run(execute_run(store, run_id))
         assert outcome.status == "error" and outcome.verdict.status == "error", outcome
         assert "failed 2 requests in a row" in (outcome.error or ""), outcome
         record = store.get_run(run_id)
-        assert record.status == "error" and 3 <= record.prompts_ok < 8, record
+        assert record.status == "error" and record.prompts_ok < 8, record
         report = json.loads((tmp_path / "out" / run_id / "report.json").read_text())
         assert report["verdict"]["status"] == "error"
         reasons = {r["rule"]: r["outcome"] for r in report["verdict"]["reasons"]}
@@ -229,22 +233,21 @@ def test_killed_candidate_gives_error_then_resume_finishes(
 
 
 def test_slow_candidate_hits_timeout_and_retries_as_configured(
-    reference_server, tmp_path: Path
+    shared_pair: tuple[str, str], tmp_path: Path
 ) -> None:
-    baseline = reference_server()
-    candidate = reference_server()
-    # Every candidate request's first attempt takes 8 s more; the timeout is 6 s, one retry.
-    # (The timeout must leave room for a real answer from a loaded 2-core CI box.)
+    baseline, candidate = shared_pair
+    # Every candidate request's first attempt is held 8 s; the timeout is 5 s, one retry.
+    # Two-token generations keep real answers far below the timeout on a loaded 2-core box.
     proxy = ForwardingProxy(candidate, delay_s=8.0, slow_first=1)
     try:
-        corpus, policy = write_inputs(tmp_path, 3, timeout_s=6)
+        corpus, policy = write_inputs(tmp_path, 3, timeout_s=5, max_new_tokens=2)
         out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
         started = time.monotonic()
         done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
                        corpus, "--policy", policy, "--out", out, "--db", db,
                        "--no-progress")  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert time.monotonic() - started > 6
+        assert time.monotonic() - started > 5
         report = only_report(out)
         candidate_sides = [
             side for p in report["prompts"] for side in p["sides"] if side["role"] == "candidate"
