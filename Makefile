@@ -96,12 +96,12 @@ bench: setup
 	$(PY) bench/kernel_bench.py --out $(BENCH_OUT)
 
 # ---- the SGLang backend (README "The SGLang backend").
-.PHONY: bench-layer serve
+.PHONY: bench-layer serve-local
 
 ## bench-layer: backend overhead around the kernel at B=1, prefix 32k (GPU; writes bench/results/layer_<gpu>.json + .log)
 bench-layer: setup
 	$(PY) bench/layer_bench.py
 
-## serve: SGLang with the kdtree verify backend (KDTREE_VERIFY=off|validate|on); SERVE_ARGS go to SGLang unchanged
-serve: setup
+## serve-local: SGLang in this venv with the kdtree verify backend (KDTREE_VERIFY=off|validate|on); SERVE_ARGS go to SGLang unchanged
+serve-local: setup
 	$(VENV)/bin/kdtree-serve $(SERVE_ARGS)
