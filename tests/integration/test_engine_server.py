@@ -29,3 +29,20 @@ def test_fault_layer_makes_a_different_model(reference_server) -> None:
     a = httpx.post(good + "/generate", json=body, timeout=60).json()["output_ids"]
     b = httpx.post(bad + "/generate", json=body, timeout=60).json()["output_ids"]
     assert a != b
+
+
+def test_kdtree_verify_validate_reports_the_difference_in_metrics(reference_server) -> None:
+    url = reference_server(env={"KDTREE_VERIFY": "validate"})
+    assert (
+        httpx.get(url + "/model_info", timeout=5).json()["kdtree_engine"]["attention_backend"]
+        == "validate"
+    )
+    body = {"text": "validate me", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+    assert httpx.post(url + "/generate", json=body, timeout=60).status_code == 200
+    metrics = {}
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("kdtree_engine_validate"):
+            name, value = line.rsplit(" ", 1)
+            metrics[name.split("{")[0]] = float(value)
+    assert metrics["kdtree_engine_validate_calls"] > 0
+    assert 0.0 <= metrics["kdtree_engine_validate_max_abs_diff"] < 1e-4

@@ -107,3 +107,27 @@ def test_triton_backend_under_interpreter_is_lossless() -> None:
     triton = run("triton", SpecConfig(num_draft_tokens=4, topk=2, max_depth=3))
     assert [r.output_ids for r in triton] == [r.output_ids for r in plain]
     assert sum(r.spec_num_correct_drafts for r in triton) > 0
+
+
+def test_validate_mode_serves_the_baseline_and_records_the_difference(
+    plain_greedy: list[list[int]],
+) -> None:
+    engine = Engine(EngineConfig(attention="validate", spec=TREE_SHAPES["tree8x2"]))
+    engine.start()
+    try:
+        engine.wait_ready()
+        futures = [
+            engine.submit(
+                GenerationRequest(rid=str(i), input_ids=engine.tokenizer.encode(text),
+                                  max_new_tokens=MAX_NEW, ignore_eos=True, temperature=0.0)
+            )
+            for i, text in enumerate(PROMPTS)
+        ]  # fmt: skip
+        outputs = [f.result(timeout=300).output_ids for f in futures]
+        backend = engine.model.attention
+        assert outputs == plain_greedy
+        assert backend.validate_calls > 0
+        # op's CPU implementation vs the float32 reference: equal to float32 rounding.
+        assert 0.0 <= backend.validate_max_abs_diff < 1e-4
+    finally:
+        engine.stop()

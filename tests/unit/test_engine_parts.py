@@ -165,7 +165,7 @@ def test_kdtree_verify_selects_the_backend(monkeypatch: pytest.MonkeyPatch) -> N
     assert default_attention_backend("cpu", "off") == "reference"
     assert default_attention_backend("cuda", "off") == "triton"
     assert default_attention_backend("cpu", "on") == "op"
-    assert default_attention_backend("cuda", "validate") == "op"
+    assert default_attention_backend("cuda", "validate") == "validate"
     monkeypatch.setenv("KDTREE_VERIFY", "on")
     assert default_attention_backend("cpu") == "op"
     with pytest.raises(ValueError, match="KDTREE_VERIFY"):

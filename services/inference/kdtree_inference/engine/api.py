@@ -177,6 +177,12 @@ class EngineAPI:
             attention = engine.config.attention
             self.metrics.ready.labels(attention).set(1.0 if engine.ready.is_set() else 0.0)
             self.metrics.running.labels(attention).set(engine.num_running)
+            if engine.model is not None and attention == "validate":
+                backend = engine.model.attention
+                self.metrics.validate_calls.labels(attention).set(backend.validate_calls)
+                self.metrics.validate_max_abs_diff.labels(attention).set(
+                    backend.validate_max_abs_diff
+                )
             return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
         @app.api_route("/generate", methods=["POST", "PUT"])

@@ -10,8 +10,9 @@ sees exactly the layout SGLang's TritonAttnBackend.forward_extend would hand it.
 
 Backends: ``reference`` (kdtree_verify.verify_attention_reference, plain float32 torch), ``op``
 (kdtree_verify.verify_attention: its CPU implementation on CPU tensors, the CUDA kernel on CUDA
-tensors) and ``triton`` (SGLang's ``extend_attention_fwd``; GPU, or CPU under TRITON_INTERPRET=1 in
-float32).
+tensors), ``triton`` (SGLang's ``extend_attention_fwd``; GPU, or CPU under TRITON_INTERPRET=1 in
+float32) and ``validate`` (runs ``op`` and the baseline, serves the baseline's output and records
+the largest absolute difference, like the SGLang backend's KDTREE_VERIFY=validate).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ATTENTION_BACKENDS, KV_LORA_RANK
+from .config import ATTENTION_BACKENDS, KV_LORA_RANK, baseline_backend
 
 
 @dataclass
@@ -59,7 +60,26 @@ class AttentionBackend:
         self.name = name
         self.device = device
         self.observers: list[AttentionObserver] = []
-        self._fn = _load_backend(name, device)
+        # validate mode's record: calls compared and the largest |op - baseline| seen so far.
+        self.validate_calls = 0
+        self.validate_max_abs_diff = 0.0
+        if name == "validate":
+            self._fn = self._validating(
+                _load_backend("op", device), _load_backend(baseline_backend(device), device)
+            )
+        else:
+            self._fn = _load_backend(name, device)
+
+    def _validating(self, candidate: AttentionFn, baseline: AttentionFn) -> AttentionFn:
+        def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
+            served = baseline(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
+            checked = candidate(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
+            diff = float((served.float() - checked.float()).abs().max()) if served.numel() else 0.0
+            self.validate_calls += 1
+            self.validate_max_abs_diff = max(self.validate_max_abs_diff, diff)
+            return served
+
+        return call
 
     def __call__(
         self,

@@ -14,7 +14,7 @@ KV_LORA_RANK = 512  # latent (compressed KV) width = v head dim seen by attentio
 QK_ROPE_HEAD_DIM = 64  # decoupled rope part of every key and query
 QK_HEAD_DIM_ABSORBED = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
 
-ATTENTION_BACKENDS = ("reference", "op", "triton")
+ATTENTION_BACKENDS = ("reference", "op", "triton", "validate")
 KDTREE_VERIFY_MODES = ("off", "validate", "on")
 
 
@@ -104,13 +104,18 @@ def default_attention_backend(device: str, kdtree_verify: str | None = None) -> 
     """The backend KDTREE_VERIFY selects, with the SGLang backend's meaning.
 
     off -> the baseline (plain torch reference on CPU, SGLang's Triton kernel on GPU);
-    on / validate -> our verify op (validate additionally checks inputs inside the op, which is the
-    op's own business, so it selects the op here too).
+    on -> our verify op; validate -> both, serving the baseline's output and recording the largest
+    difference (as the SGLang backend's validate mode does).
     """
     mode = kdtree_verify if kdtree_verify is not None else os.environ.get("KDTREE_VERIFY", "off")
     mode = mode.strip().lower() or "off"
     if mode not in KDTREE_VERIFY_MODES:
         raise ValueError(f"KDTREE_VERIFY must be one of {KDTREE_VERIFY_MODES}, got {mode!r}")
     if mode == "off":
-        return "triton" if device.startswith("cuda") else "reference"
-    return "op"
+        return baseline_backend(device)
+    return "op" if mode == "on" else "validate"
+
+
+def baseline_backend(device: str) -> str:
+    """What KDTREE_VERIFY=off serves: SGLang's Triton kernel on GPU, the torch reference on CPU."""
+    return "triton" if device.startswith("cuda") else "reference"

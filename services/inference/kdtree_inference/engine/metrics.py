@@ -39,6 +39,15 @@ class EngineMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )  # fmt: skip
         self.ready = Gauge("kdtree_engine_ready", "1 once warm", labels, registry=self.registry)
+        self.validate_calls = Gauge(
+            "kdtree_engine_validate_calls", "validate mode: attention calls compared (op vs baseline)",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self.validate_max_abs_diff = Gauge(
+            "kdtree_engine_validate_max_abs_diff",
+            "validate mode: largest |op - baseline| of any attention output element so far",
+            labels, registry=self.registry,
+        )  # fmt: skip
         self.running = Gauge(
             "kdtree_engine_running_requests", "Requests being decoded", labels,
             registry=self.registry,

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attention", choices=ATTENTION_BACKENDS, default=None,
         help="attention backend; default from KDTREE_VERIFY (off -> reference on CPU / triton on "
-        "GPU, validate|on -> op)",
+        "GPU, on -> op, validate -> both, serving the baseline's result)",
     )  # fmt: skip
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
