@@ -270,3 +270,20 @@ def test_metrics_count_requests_and_drafts(client: httpx.Client) -> None:
     steps = 'kdtree_engine_spec_verify_steps_total{attention="op"}'
     assert after[steps] - before.get(steps, 0.0) == out["meta_info"]["spec_verify_ct"]
     assert after['kdtree_engine_ready{attention="op"}'] == 1.0
+
+
+def test_concurrent_requests_match_sequential_ones(client: httpx.Client, url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"concurrent {i} " * (i + 1) for i in range(6)]
+    sequential = [
+        _generate(client, text=t, sampling_params=GREEDY).json()["output_ids"] for t in texts
+    ]
+
+    def one(text: str) -> list[int]:
+        with httpx.Client(base_url=url, timeout=120) as own:
+            return _generate(own, text=text, sampling_params=GREEDY).json()["output_ids"]
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        concurrent = list(pool.map(one, texts))
+    assert concurrent == sequential
