@@ -269,5 +269,28 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         errors = report["summary"]["errors"]["candidate"]
         assert errors == {"timeout": sum(errors.values())} and errors["timeout"] >= 2
         assert "failed 2 requests in a row" in report["run"]["error"]
+
+        # SIGTERM while requests hang: the CLI records the run as interrupted and exits 2.
+        out3 = tmp_path / "out3"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
+             "--candidate", proxy.url, "--corpus", str(corpus), "--policy", str(policy),
+             "--out", str(out3), "--db", str(db), "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        store = Store(db)
+        deadline = time.monotonic() + 60
+        while not any(r.status == "running" and r.out_dir == str(out3) for r in store.list_runs()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)  # requests are in flight (held by the proxy)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 2, stderr
+        assert "interrupted" in stderr
+        record = next(r for r in store.list_runs() if r.out_dir == str(out3))
+        assert record.status == "interrupted" and record.verdict is None
+        assert only_report(out3)["verdict"]["status"] == "error"
+        store.close()
     finally:
         proxy.close()

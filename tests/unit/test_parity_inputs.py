@@ -183,3 +183,38 @@ def test_importing_kdtree_parity_does_not_import_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kdtree_parity.cli", *args], capture_output=True, text=True
+    )
+
+
+def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> None:
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
+    done = run_cli("run", "--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9",
+                   "--corpus", str(corpus), "--policy", "short", "--db", str(tmp_path / "db"))  # fmt: skip
+    assert done.returncode == 2
+    assert f"{corpus}:2: duplicate id 'a' (first on line 1)" in done.stderr
+
+    policy = tmp_path / "bad.yaml"
+    policy.write_text("gate:\n  min_prompts: 1\n  max_hard: 0\n")
+    done = run_cli(
+        "run", "--corpus", "short", "--policy", str(policy), "--db", str(tmp_path / "db")
+    )
+    assert done.returncode == 2 and f"{policy}:3: gate.max_hard" in done.stderr
+
+    # A corpus smaller than the policy's min_prompts cannot decide anything: refused up front.
+    done = run_cli("run", "--corpus", "short", "--policy", "default", "--db", str(tmp_path / "db"))
+    assert done.returncode == 2 and "needs at least 200" in done.stderr
+    assert "no run" in run_cli("report", "nope", "--db", str(tmp_path / "db")).stderr
+
+
+def test_cli_prints_the_report_schema() -> None:
+    done = run_cli("schema")
+    assert done.returncode == 0
+    schema = json.loads(done.stdout)
+    assert schema["title"] == "Report"
+    assert {"verdict", "summary", "prompts", "corpus", "policy"} <= set(schema["properties"])

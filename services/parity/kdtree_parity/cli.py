@@ -26,7 +26,7 @@ from kdtree_parity.report import build_report, render_html, render_markdown, rep
 from kdtree_parity.report import write_report_files as write_reports
 from kdtree_parity.report.schema import Report
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.runner import ProgressCallback, Targets, execute_run, start_run
 from kdtree_parity.store import Store
 
 EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
@@ -152,21 +152,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     f"errors {counts['errors']}",
                 )
 
-            asyncio.run(_run_with_signals(store, run_id, progress))
+            try:
+                asyncio.run(_run_with_signals(store, run_id, progress))
+            except KeyboardInterrupt:
+                console.print("[yellow]interrupted: the run is recorded as interrupted (--resume)")
+            except Exception as exc:  # recorded as an error run by execute_run; say why, exit 2
+                console.print(f"[red]run failed: {type(exc).__name__}: {exc}", highlight=False)
         record = store.get_run(run_id)
         paths = None
         if record.out_dir:
             paths = write_reports(store, run_id, Path(record.out_dir))
         _print_verdict(build_report(store, run_id), paths)
         return EXIT[record.status]
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted; the run is recorded as interrupted (use --resume)")
-        return 2
     finally:
         store.close()
 
 
-async def _run_with_signals(store: Store, run_id: str, progress) -> None:
+async def _run_with_signals(store: Store, run_id: str, progress: ProgressCallback) -> None:
     """SIGTERM cancels the run like Ctrl-C, so it is recorded as interrupted, not left running."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
