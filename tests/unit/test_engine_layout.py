@@ -15,7 +15,12 @@ N = 8
 SPEC = SpecConfig(num_draft_tokens=N, topk=2, max_depth=5)
 
 
-def _record_calls(attention: str) -> tuple[list[dict], list[list[int]]]:
+DEFAULT_PROMPTS = ["abc abc abc abc", "Hello, world! Hello,", "1 2 3 1 2 3 1 2", "zzzz"]
+
+
+def _record_calls(
+    attention: str, prompts: list[str] = DEFAULT_PROMPTS
+) -> tuple[list[dict], list[list[int]]]:
     engine = Engine(EngineConfig(attention=attention, spec=SPEC, max_batch_size=4))
     engine.start()
     calls: list[dict] = []
@@ -33,7 +38,6 @@ def _record_calls(attention: str) -> tuple[list[dict], list[list[int]]]:
             calls.append(snap)
 
         engine.model.attention.observers.append(observe)
-        prompts = ["abc abc abc abc", "Hello, world! Hello,", "1 2 3 1 2 3 1 2", "zzzz"]
         futures = [
             engine.submit(
                 GenerationRequest(
@@ -102,13 +106,19 @@ def test_op_sees_sglang_verify_layout() -> None:
     assert multi_request > 0  # some verify forwards batched several requests
 
 
-def test_prefill_uses_causal_extend_with_empty_prefix() -> None:
-    calls, _ = _record_calls("op")
+def test_prefill_runs_causal_extends_of_at_most_64_tokens() -> None:
+    calls, _ = _record_calls("op", prompts=["x" * 150])
     prefill = [c for c in calls if c["custom_mask"] is None]
-    for c in prefill:
+    sizes = [c["q"].shape[0] for c in prefill[::2]]  # two layers per chunk
+    assert sizes == [64, 64, 23]  # BOS + 150 bytes, 64 per chunk
+    done = 0
+    for c in prefill[::2]:
         t = c["q"].shape[0]
         assert torch.equal(c["qo_indptr"], torch.tensor([0, t], dtype=torch.int32))
-        assert c["kv_indices"].numel() == 0 and c["mask_indptr"] is None
+        # The prefix of a chunk is every earlier chunk, addressed through kv_indices.
+        assert torch.equal(c["kv_indptr"], torch.tensor([0, done], dtype=torch.int32))
+        assert c["kv_indices"].numel() == done and c["mask_indptr"] is None
+        done += t
 
 
 def test_kv_indices_are_fragmented() -> None:

@@ -78,6 +78,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_pool_size: int = 32768  # KV slots per layer (one per token, shared by all requests)
     max_batch_size: int = 16  # requests decoded together in one verify forward
+    prefill_chunk: int = 64  # prompt tokens per prefill forward (each an extend over the last)
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 1024
     max_batch_request: int = 64  # prompts in one batched /generate call
@@ -96,6 +97,8 @@ class EngineConfig:
             raise ValueError(
                 f"fault layer {self.fault_layer} out of range [0, {self.model.num_layers})"
             )
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -270,20 +270,8 @@ class Engine:
         start = time.perf_counter()
         n = len(req.input_ids)
         slots = self.pool.alloc(n)
-        device = self.pool.device
-        meta = ExtendMetadata(
-            qo_indptr=torch.tensor([0, n], dtype=torch.int32, device=device),
-            kv_indptr=torch.zeros(2, dtype=torch.int32, device=device),
-            kv_indices=torch.empty(0, dtype=torch.int64, device=device),
-            custom_mask=None,
-            mask_indptr=None,
-            out_cache_loc=slots,
-            max_extend_len=n,
-        )
-        ids = torch.tensor(req.input_ids, dtype=torch.int64, device=device)
-        positions = torch.arange(n, device=device)
         try:
-            logits = self.model.forward(ids, positions, meta, self.pool).cpu()
+            logits = self._chunked_prefill(req.input_ids, slots)
         except Exception:
             self.pool.free(slots)
             raise
@@ -308,6 +296,34 @@ class Engine:
         self._emit(item, [(token, logits[-1])])
         item.root = token
         return item
+
+    def _chunked_prefill(self, input_ids: list[int], slots: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] of the prompt, computed ``prefill_chunk`` tokens per forward.
+
+        Each chunk is an SGLang extend: its prefix is the chunks before it (``kv_indices``), the
+        chunk itself is a causal block (``custom_mask=None``). Chunking keeps every verify-op call
+        within the draft-token counts the kernel is built for, and is what SGLang's chunked
+        prefill does.
+        """
+        assert self.model is not None and self.pool is not None
+        device = self.pool.device
+        chunk = self.config.prefill_chunk
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+        logits = []
+        for lo in range(0, len(input_ids), chunk):
+            hi = min(lo + chunk, len(input_ids))
+            meta = ExtendMetadata(
+                qo_indptr=torch.tensor([0, hi - lo], dtype=torch.int32, device=device),
+                kv_indptr=torch.tensor([0, lo], dtype=torch.int32, device=device),
+                kv_indices=slots[:lo],
+                custom_mask=None,
+                mask_indptr=None,
+                out_cache_loc=slots[lo:hi],
+                max_extend_len=hi - lo,
+            )
+            positions = torch.arange(lo, hi, device=device)
+            logits.append(self.model.forward(ids[lo:hi], positions, meta, self.pool).cpu())
+        return torch.cat(logits)
 
     def _input_logprobs(
         self, req: GenerationRequest, logits: torch.Tensor, result: GenerationResult

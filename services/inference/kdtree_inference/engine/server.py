@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maximum depth of the draft tree")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     p.add_argument("--kv-pool-size", type=int, default=EngineConfig.kv_pool_size)
+    p.add_argument("--prefill-chunk", type=int, default=EngineConfig.prefill_chunk,
+                   help="prompt tokens per prefill forward")  # fmt: skip
     p.add_argument("--max-prompt-tokens", type=int, default=EngineConfig.max_prompt_tokens)
     p.add_argument("--max-new-tokens-limit", type=int, default=EngineConfig.max_new_tokens_limit)
     p.add_argument("--fault-layer", type=int, default=None,
@@ -93,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         dtype=dtype,
         kv_pool_size=args.kv_pool_size,
         max_batch_size=args.max_batch_size,
+        prefill_chunk=args.prefill_chunk,
         max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens_limit=args.max_new_tokens_limit,
         weights_dir=args.weights_dir,
