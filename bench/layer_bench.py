@@ -97,7 +97,8 @@ def measure(pool: Pool, timer: Timer, heads: int, draft: int, gen: torch.Generat
     inputs = build_inputs(pool, BATCH, heads, draft, PREFIX, gen)
     metadata = sglang_metadata(inputs, PREFIX, draft)
     marshal = VerifyMarshal(torch.device("cuda"), heads, torch.bfloat16)
-    prepared = marshal.build(metadata)  # allocates the plan once, as the first forward does
+    # As at graph capture: the plan is allocated once and kept for replays' refresh.
+    prepared = marshal.build(metadata, for_graph=True)
     tokens = BATCH * draft
     refresh_args = (BATCH, tokens, metadata.qo_indptr, metadata.kv_indptr, metadata.mask_indptr)
 

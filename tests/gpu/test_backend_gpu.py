@@ -184,7 +184,8 @@ def test_marshal_and_kernel_capture_and_replay(plan_in_graph):
     static = StaticVerify(batch, num_draft, num_heads, max_prefix, pool)
     marshal = VerifyMarshal(DEVICE, num_heads, DTYPE)
     static.load(cases[0])
-    inputs = marshal.build(static.metadata)  # outside capture: allocates the plan once
+    # Outside capture, as init_forward_metadata_out_graph(in_capture=True): allocates the plan.
+    inputs = marshal.build(static.metadata, for_graph=True)
 
     def step():
         if plan_in_graph:
@@ -241,3 +242,18 @@ def test_comparison_and_shadow_gate_replay_in_a_graph():
     (stats,) = recorder.collect()
     assert stats.compared == 2 * kernel_out.numel()
     assert stats.max_abs == 1.0 and stats.over_tolerance == 2 * kernel_out.numel()
+
+
+def test_eager_plans_are_bounded_and_graph_plans_kept():
+    marshal = VerifyMarshal(DEVICE, 16, DTYPE, eager_plans=2)
+
+    def metadata(batch: int):
+        case = make_case([3] * batch, 4, 16, dtype=DTYPE, device=DEVICE)
+        return sglang_metadata(case, graph_layout=True)
+
+    captured = marshal.build(metadata(2), for_graph=True)
+    for batch in (1, 3, 4):
+        assert marshal.build(metadata(batch)).plan is not None
+    assert list(marshal._eager_plans) == [(3, 12), (4, 16)]  # (1, 4) was evicted
+    # An eager forward of a captured shape shares the graph's plan (refreshed before replays).
+    assert marshal.build(metadata(2)).plan is captured.plan

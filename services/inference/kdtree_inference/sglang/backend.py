@@ -140,7 +140,9 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Once per verify forward, after the parent's metadata: marshal, count, publish, gate."""
         if phase in ("eager", "capture"):
             metadata = self.forward_metadata
-            metadata.kdtree_inputs = self.kdtree_marshal.build(metadata)
+            metadata.kdtree_inputs = self.kdtree_marshal.build(
+                metadata, for_graph=phase == "capture"
+            )
             if phase == "capture":
                 self._kdtree_graph_inputs[batch_size] = metadata.kdtree_inputs
             if self.kdtree_shadow_gate is not None and phase == "capture":

@@ -19,6 +19,7 @@ over-allocated, and the CPU op checks the length exactly; reading ``kv_indptr[-1
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,32 +45,54 @@ class MarshalError(ValueError):
 
 
 class VerifyMarshal:
-    """Builds :class:`VerifyInputs` per forward and owns the kernel plans (one per shape)."""
+    """Builds :class:`VerifyInputs` per forward and owns the kernel plans (one per shape).
 
-    def __init__(self, device: torch.device, num_heads: int, dtype: torch.dtype) -> None:
+    Plans of captured graphs are kept for the graphs' lifetime (their workspace addresses are
+    baked into the graphs). Eager forwards come in many shapes, and a plan's workspace can be
+    tens of MB at small batches (split-KV partials), so at most ``eager_plans`` of theirs are
+    kept, least recently used first out; freeing one is stream-ordered, so kernels still queued
+    on it are safe.
+    """
+
+    def __init__(
+        self, device: torch.device, num_heads: int, dtype: torch.dtype, eager_plans: int = 4
+    ) -> None:
         self.device = torch.device(device)
         self.num_heads = num_heads
         self.dtype = dtype
-        self._plans: dict[tuple[int, int], Any] = {}
+        self.eager_plans = eager_plans
+        self._graph_plans: dict[tuple[int, int], Any] = {}
+        self._eager_plans: OrderedDict[tuple[int, int], Any] = OrderedDict()
 
-    def _plan(self, batch_size: int, total_tokens: int) -> Any | None:
+    def _plan(self, batch_size: int, total_tokens: int, for_graph: bool) -> Any | None:
         if self.device.type != "cuda":
             return None
         key = (batch_size, total_tokens)
-        plan = self._plans.get(key)
+        plan = self._graph_plans.get(key)
+        if plan is not None:
+            return plan
+        plan = self._eager_plans.pop(key, None)
         if plan is None:
             from kdtree_verify.plan import make_plan
 
             plan = make_plan(
                 batch_size, self.num_heads, total_tokens, self.device, dtype=self.dtype
             )
-            self._plans[key] = plan
+        if for_graph:
+            self._graph_plans[key] = plan
+        else:
+            self._eager_plans[key] = plan
+            while len(self._eager_plans) > self.eager_plans:
+                self._eager_plans.popitem(last=False)
         return plan
 
-    def build(self, metadata: Any) -> VerifyInputs:
-        """Inputs for a Triton ``ForwardMetadata`` of a target-verify forward (eager or capture).
+    def build(self, metadata: Any, for_graph: bool = False) -> VerifyInputs:
+        """Inputs for a Triton ``ForwardMetadata`` of a target-verify forward.
 
-        Reads shapes and host fields only on CUDA, so it is safe before and during capture.
+        ``for_graph``: the forward is a CUDA-graph capture (its plan is kept with the graph).
+        Reads shapes and host fields only on CUDA; call it before capture (SGLang's
+        ``init_forward_metadata_out_graph`` runs outside ``torch.cuda.graph``), since a new plan
+        allocates its workspace.
         """
         qo_indptr, kv_indptr = metadata.qo_indptr, metadata.kv_indptr
         if qo_indptr is None or kv_indptr is None or metadata.kv_indices is None:
@@ -90,7 +113,7 @@ class VerifyMarshal:
         mask_indptr = None
         if custom_mask is not None:
             mask_indptr = metadata.mask_indptr[: batch_size + 1]
-        plan = self._plan(batch_size, total_tokens)
+        plan = self._plan(batch_size, total_tokens, for_graph)
         if plan is not None:
             plan.update(qo_indptr, kv_indptr, mask_indptr)
         return VerifyInputs(
@@ -112,7 +135,15 @@ class VerifyMarshal:
         kv_indptr: torch.Tensor,
         mask_indptr: torch.Tensor | None,
     ) -> None:
-        """Before a graph replay: re-plan from the refreshed static metadata buffers."""
-        plan = self._plans.get((batch_size, total_tokens))
-        if plan is not None:
-            plan.update(qo_indptr, kv_indptr, mask_indptr)
+        """Before a graph replay: re-plan from the refreshed static metadata buffers.
+
+        Only on CUDA, for a shape built with ``for_graph=True`` (anything else is a caller bug:
+        the replay would run on a stale schedule).
+        """
+        plan = self._graph_plans.get((batch_size, total_tokens))
+        if plan is None:
+            raise KeyError(
+                f"no graph plan for batch {batch_size} x {total_tokens} tokens on {self.device}; "
+                "build(metadata, for_graph=True) at capture first"
+            )
+        plan.update(qo_indptr, kv_indptr, mask_indptr)
