@@ -105,7 +105,8 @@ def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) ->
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
     done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
-                   "--policy", policy, "--out", out, "--db", db, "--no-progress")  # fmt: skip
+                   "--policy", policy, "--out", out, "--db", db, "--no-progress",
+                   "--baseline-image", "sha256:base", "--candidate-image", "sha256:cand")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "verdict: PASS" in done.stderr
     report = only_report(out)
@@ -116,7 +117,9 @@ def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) ->
     # A/A without a replica = the baseline replayed twice; identity comes from /model_info.
     targets = {t["role"]: t for t in report["targets"]}
     assert targets["aa"]["url"] == baseline
-    assert targets["candidate"]["identity"]["served_model_name"]
+    assert targets["candidate"]["identity"]["model_info"]["served_model_name"]
+    assert targets["candidate"]["identity"]["image"] == "sha256:cand"
+    assert targets["aa"]["identity"]["image"] == targets["baseline"]["identity"]["image"]
     listed = run_cli("list", "--db", db)
     assert report["run"]["id"] in listed.stdout and "passed" in listed.stdout
 

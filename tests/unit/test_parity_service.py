@@ -85,9 +85,13 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path) -> None:
     pairs = tmp_path / "pairs.yaml"
     pairs.write_text(
         "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
+        "  candidate_image: sha256:c\n"
     )
     s = ServiceSettings.from_env({"KDTREE_PARITY_PAIRS": str(pairs)})
-    assert s.pairs == {"gpu0": Targets("http://a:1", "http://c:1", "http://r:1")}
+    assert s.pairs == {
+        "gpu0": Targets("http://a:1", "http://c:1", "http://r:1", candidate_image="sha256:c")
+    }
+    assert s.pairs["gpu0"].images() == {"candidate": "sha256:c"}
     pairs.write_text("gpu0:\n  baseline: http://a:1\n")
     with pytest.raises(ValueError, match="needs 'baseline' and 'candidate'"):
         load_pairs(pairs)

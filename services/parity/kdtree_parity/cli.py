@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=env_default("REPLICA_URL"),
         help="a second baseline server for A/A noise; without one the baseline is replayed twice",
     )
+    for role in ("baseline", "candidate", "replica"):
+        run.add_argument(
+            f"--{role}-image",
+            default=env_default(f"{role.upper()}_IMAGE"),
+            help=f"{role} image digest or reference, recorded in the report",
+        )
     run.add_argument("--corpus", default=env_default("CORPUS"), help="JSONL path or default|short")
     run.add_argument("--policy", default=env_default("POLICY"), help="YAML path or default|short")
     run.add_argument("--out", default=env_default("OUT"), help="reports go to OUT/RUN_ID/")
@@ -123,7 +129,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 store,
                 corpus,
                 policy,
-                Targets(args.baseline, args.candidate, args.replica or None),
+                Targets(
+                    args.baseline,
+                    args.candidate,
+                    args.replica or None,
+                    args.baseline_image or None,
+                    args.candidate_image or None,
+                    args.replica_image or None,
+                ),
                 out_dir=str(Path(args.out).resolve()),
             )
             total = len(corpus)

@@ -29,11 +29,18 @@ ProgressCallback = Callable[[int, int, PromptResult | None], None]
 
 @dataclass(frozen=True)
 class Targets:
-    """Where the run sends its requests. With no replica the baseline also serves as A/A twin."""
+    """Where the run sends its requests. With no replica the baseline also serves as A/A twin.
+
+    The ``*_image`` labels (an image digest or reference, from whoever started the servers) are
+    recorded with the run so its report is bound to what was compared.
+    """
 
     baseline: str
     candidate: str
     replica: str | None = None
+    baseline_image: str | None = None
+    candidate_image: str | None = None
+    replica_image: str | None = None
 
     def as_roles(self) -> dict[str, str]:
         return {
@@ -41,6 +48,11 @@ class Targets:
             "candidate": self.candidate,
             "aa": self.replica or self.baseline,
         }
+
+    def images(self) -> dict[str, str]:
+        aa = self.replica_image if self.replica else self.baseline_image
+        labels = {"baseline": self.baseline_image, "candidate": self.candidate_image, "aa": aa}
+        return {role: image for role, image in labels.items() if image}
 
 
 @dataclass
@@ -64,6 +76,7 @@ def start_run(
     return store.create_run(
         pair=pair,
         targets=targets.as_roles(),
+        images=targets.images(),
         prompts_total=len(corpus),
         corpus_source=corpus.source,
         corpus_sha256=corpus.sha256,
@@ -130,7 +143,7 @@ async def execute_run(
             breaker.reason = str(exc)
         else:
             for role, client in role_client.items():
-                store.set_identity(run_id, role, await client.identity())
+                store.set_identity(run_id, role, {"model_info": await client.identity()})
             done_ids = store.completed_prompt_ids(run_id)
             pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
             counter = {"done": len(done_ids)}

@@ -46,6 +46,7 @@ log = logging.getLogger("kdtree_parity.service")
 # Keys a caller might use to aim the service at its own hosts: refused with an explanation.
 TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "targets", "url", "urls"})
 REQUEST_KEYS = frozenset({"pair", "corpus"})
+IMAGE_KEYS = ("baseline_image", "candidate_image", "replica_image")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class ServiceSettings:
                     env_default("BASELINE_URL", env),
                     env_default("CANDIDATE_URL", env),
                     env_default("REPLICA_URL", env) or None,
+                    env_default("BASELINE_IMAGE", env) or None,
+                    env_default("CANDIDATE_IMAGE", env) or None,
+                    env_default("REPLICA_IMAGE", env) or None,
                 )
             }
         return cls(
@@ -84,7 +88,7 @@ class ServiceSettings:
 
 
 def load_pairs(path: Path) -> dict[str, Targets]:
-    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?}``."""
+    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, *_image: label?}``."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a non-empty mapping of pair name -> targets")
@@ -92,10 +96,15 @@ def load_pairs(path: Path) -> dict[str, Targets]:
     for name, spec in data.items():
         if not isinstance(spec, dict) or not {"baseline", "candidate"} <= set(spec):
             raise ValueError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
-        unknown = set(spec) - {"baseline", "candidate", "replica"}
+        unknown = set(spec) - {"baseline", "candidate", "replica", *IMAGE_KEYS}
         if unknown:
             raise ValueError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
-        pairs[str(name)] = Targets(spec["baseline"], spec["candidate"], spec.get("replica"))
+        pairs[str(name)] = Targets(
+            spec["baseline"],
+            spec["candidate"],
+            spec.get("replica"),
+            *(spec.get(key) for key in IMAGE_KEYS),
+        )
     return pairs
 
 

@@ -143,6 +143,7 @@ class Store:
         policy_sha256: str,
         policy_text: str,
         out_dir: str | None,
+        images: dict[str, str] | None = None,
         run_id: str | None = None,
     ) -> str:
         run_id = run_id or new_run_id()
@@ -171,8 +172,16 @@ class Store:
                 ),
             )
             db.executemany(
-                "INSERT INTO targets (run_id, role, url) VALUES (?, ?, ?)",
-                [(run_id, role, url) for role, url in targets.items()],
+                "INSERT INTO targets (run_id, role, url, identity_json) VALUES (?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        role,
+                        url,
+                        json.dumps({"image": images[role]}) if role in (images or {}) else None,
+                    )
+                    for role, url in targets.items()
+                ],
             )
         return run_id
 
@@ -192,10 +201,15 @@ class Store:
         return self.get_run(run_id)
 
     def set_identity(self, run_id: str, role: str, identity: dict[str, Any]) -> None:
+        """Merge ``identity`` into what is recorded for the target (e.g. its image label)."""
         with self._tx() as db:
+            row = db.execute(
+                "SELECT identity_json FROM targets WHERE run_id=? AND role=?", (run_id, role)
+            ).fetchone()
+            merged = {**(json.loads(row[0]) if row and row[0] else {}), **identity}
             db.execute(
                 "UPDATE targets SET identity_json=? WHERE run_id=? AND role=?",
-                (json.dumps(identity, sort_keys=True), run_id, role),
+                (json.dumps(merged, sort_keys=True), run_id, role),
             )
 
     def save_result(self, run_id: str, ordinal: int, result: PromptResult) -> None:

@@ -128,7 +128,10 @@ class VerdictModel(BaseModel):
 class TargetModel(BaseModel):
     role: Literal["baseline", "candidate", "aa"]
     url: str
-    identity: dict | None = Field(description="what the target's /model_info reported")
+    identity: dict | None = Field(
+        description="'image': the label given at the start (digest/reference), 'model_info': "
+        "what the target's /model_info reported"
+    )
 
 
 class RunModel(BaseModel):
