@@ -42,6 +42,10 @@ from .telemetry import VerifyTelemetry
 
 logger = logging.getLogger("kdtree.verify")
 
+# Like the parent's kernels (wrapped in torch.compiler.disable in its __init__): under
+# --enable-torch-compile the kernel call and the host-side bookkeeping stay out of the trace.
+_verify_layer = torch.compiler.disable(verify_with_inputs)
+
 QK_HEAD_DIM = 576
 V_HEAD_DIM = 512
 KERNEL_ROUTE = "kernel"
@@ -271,6 +275,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return "dtype"
         return None
 
+    @torch.compiler.disable
     def _kdtree_note_route(self, layer_id: int, route: str) -> None:
         if self._kdtree_phase == "capture":
             self._kdtree_graph_routes[self._kdtree_capture_key][layer_id] = route
@@ -287,7 +292,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         return inputs
 
     def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
-        out = verify_with_inputs(
+        out = _verify_layer(
             self._kdtree_inputs(),
             q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM),
             k.view(-1, 1, QK_HEAD_DIM),
