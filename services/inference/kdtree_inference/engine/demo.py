@@ -5,8 +5,8 @@ SGLang's Triton kernel on GPU) and the candidate with ``KDTREE_VERIFY=on`` (kdtr
 its CPU implementation, or the CUDA kernel on GPU). Runs the corpus through both, greedy, and
 prints the comparison. The servers are always stopped, on success, failure or Ctrl-C.
 
-Steps are separate functions: ``start_pair`` -> ``collect`` -> ``compare`` -> ``print_report``;
-``compare`` is the step the parity sidecar replaces.
+Steps are separate functions: ``start_pair`` -> ``compare_with_sidecar`` (the parity sidecar,
+``kdtree-parity run``, which writes the report under ``runs/demo``) -> ``print_report``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,14 +45,6 @@ class PromptComparison:
         return None
 
 
-def _post(url: str, body: dict, timeout: float = 300.0) -> dict:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
 def start_pair(log_dir: Path, candidate_options: dict) -> tuple[EngineProcess, EngineProcess]:
     baseline = EngineProcess(log_dir / "baseline.log", env={"KDTREE_VERIFY": "off"})
     candidate = EngineProcess(
@@ -60,17 +53,57 @@ def start_pair(log_dir: Path, candidate_options: dict) -> tuple[EngineProcess, E
     return baseline, candidate
 
 
-def collect(server: EngineProcess, corpus: list[str], max_new_tokens: int) -> list[dict]:
-    """Greedy outputs for the corpus, one batched /generate call (the engine batches them)."""
-    body = {"text": corpus, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
-    return _post(server.url + "/generate", body)
+def compare_with_sidecar(
+    baseline: EngineProcess,
+    candidate: EngineProcess,
+    corpus: list[str],
+    max_new_tokens: int,
+    out_dir: Path = Path("runs/demo"),
+) -> tuple[list[PromptComparison], Path | None, int]:
+    """The comparison step, done by the parity sidecar.
 
-
-def compare(corpus: list[str], base: list[dict], cand: list[dict]) -> list[PromptComparison]:
-    return [
-        PromptComparison(p, b["output_ids"], c["output_ids"], b["text"], c["text"])
-        for p, b, c in zip(corpus, base, cand, strict=True)
-    ]
+    ``kdtree-parity run`` replays the corpus greedily against both servers (and the baseline a
+    second time, for A/A noise), compares them token by token, decides by a policy and writes
+    its report to ``out_dir/<run id>/report.{html,json,md}``. The rows printed by the demo are
+    read back from that report. Returns (rows, report.html or None, the sidecar's exit code:
+    0 pass, 1 fail, 2 could not decide).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpus_path = out_dir / "corpus.jsonl"
+    corpus_path.write_text(
+        "".join(json.dumps({"id": f"demo-{i:03d}", "text": p}) + "\n" for i, p in enumerate(corpus))
+    )
+    # The shipped "short" policy's thresholds (float32 on CPU: identical servers match exactly),
+    # sized to this corpus and generation length.
+    policy_path = out_dir / "policy.yaml"
+    policy_path.write_text(
+        f"replay:\n  max_new_tokens: {max_new_tokens}\n  concurrency: 2\n"
+        "compare:\n  near_tie_epsilon: 0.05\n"
+        f"gate:\n  min_prompts: {len(corpus)}\n  min_exact_match_rate: 0.9\n"
+        "  max_excess_divergence_rate: 0.05\n  max_logprob_drift_p99: 0.01\n"
+    )
+    before = set(out_dir.glob("*/report.json"))
+    done = subprocess.run(
+        [sys.executable, "-m", "kdtree_parity.cli", "run",
+         "--baseline", baseline.url, "--candidate", candidate.url,
+         "--corpus", str(corpus_path), "--policy", str(policy_path),
+         "--out", str(out_dir), "--db", str(out_dir / "parity.sqlite3")],
+        check=False,
+    )  # fmt: skip
+    new = sorted(set(out_dir.glob("*/report.json")) - before)
+    if len(new) != 1:
+        return [], None, done.returncode
+    report = json.loads(new[0].read_text())
+    rows = []
+    for prompt in report["prompts"]:
+        sides = {side["role"]: side for side in prompt["sides"]}
+        base, cand = sides["baseline"], sides["candidate"]
+        rows.append(
+            PromptComparison(
+                prompt["prompt"], base["output_ids"], cand["output_ids"], base["text"], cand["text"]
+            )
+        )
+    return rows, new[0].with_name("report.html"), done.returncode
 
 
 def print_report(rows: list[PromptComparison], info: dict[str, dict]) -> None:
@@ -122,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         info = {"baseline": _backend_info(baseline), "candidate": _backend_info(candidate)}
         corpus = prompts(args.prompts)
         start = time.perf_counter()
-        base_out = collect(baseline, corpus, args.max_new_tokens)
-        cand_out = collect(candidate, corpus, args.max_new_tokens)
-        rows = compare(corpus, base_out, cand_out)
+        rows, report_html, verdict_code = compare_with_sidecar(
+            baseline, candidate, corpus, args.max_new_tokens
+        )
         print_report(rows, info)
-        print(f"({len(corpus)} prompts x 2 servers in {time.perf_counter() - start:.1f}s)")
-        differs = any(r.first_divergence is not None for r in rows)
+        verdict = {0: "PASS", 1: "FAIL"}.get(verdict_code, "COULD NOT DECIDE")
+        print(f"parity verdict: {verdict}; report: {report_html or 'none written'}")
+        print(f"({len(corpus)} prompts, baseline twice + candidate, in "
+              f"{time.perf_counter() - start:.1f}s)")  # fmt: skip
+        differs = not rows or any(r.first_divergence is not None for r in rows)
         return 1 if args.strict and differs else 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping servers", file=sys.stderr)
