@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 
 def test_health_is_503_until_warm_then_200(reference_server) -> None:
@@ -46,3 +47,13 @@ def test_kdtree_verify_validate_reports_the_difference_in_metrics(reference_serv
             metrics[name.split("{")[0]] = float(value)
     assert metrics["kdtree_engine_validate_calls"] > 0
     assert 0.0 <= metrics["kdtree_engine_validate_max_abs_diff"] < 1e-4
+
+
+def test_a_server_that_cannot_start_exits_with_the_reason(reference_server) -> None:
+    # SGLang's Triton kernel on a CPU machine needs the interpreter; without it the engine must
+    # say so and exit, not sit there answering 503 forever.
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1") as failure:
+        reference_server(
+            attention="triton", device="cpu", env={"TRITON_INTERPRET": "0"}, timeout=60
+        )
+    assert "engine exited with 1" in str(failure.value)
