@@ -208,7 +208,7 @@ def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> 
 
     # A corpus smaller than the policy's min_prompts cannot decide anything: refused up front.
     done = run_cli("run", "--corpus", "short", "--policy", "default", "--db", str(tmp_path / "db"))
-    assert done.returncode == 2 and "needs at least 200" in done.stderr
+    assert done.returncode == 2 and "default.yaml needs 200" in done.stderr
     assert "no run" in run_cli("report", "nope", "--db", str(tmp_path / "db")).stderr
 
 

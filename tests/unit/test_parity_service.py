@@ -69,6 +69,15 @@ def test_bad_requests_are_named(client: TestClient) -> None:
     assert client.get("/runs/nope/report.html").status_code == 404
 
 
+def test_a_corpus_too_small_for_the_policy_is_refused(tmp_path: Path) -> None:
+    config = settings(tmp_path)
+    config = ServiceSettings(**{**config.__dict__, "policy": "default"})  # needs 200 prompts
+    with TestClient(create_app(config)) as c:
+        resp = c.post("/runs", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert resp.status_code == 400 and "needs 200" in resp.json()["detail"]
+        assert c.get("/runs").json() == []
+
+
 def test_without_a_configured_token_mutations_are_disabled(tmp_path: Path) -> None:
     with TestClient(create_app(settings(tmp_path, token=""))) as c:
         resp = c.post("/runs", json={}, headers={"Authorization": "Bearer "})

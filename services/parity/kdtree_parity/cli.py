@@ -26,7 +26,13 @@ from kdtree_parity.report import build_report, render_html, render_markdown, rep
 from kdtree_parity.report import write_report_files as write_reports
 from kdtree_parity.report.schema import Report
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import ProgressCallback, Targets, execute_run, start_run
+from kdtree_parity.runner import (
+    ProgressCallback,
+    Targets,
+    corpus_too_small,
+    execute_run,
+    start_run,
+)
 from kdtree_parity.store import Store
 
 EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
@@ -119,11 +125,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if not args.baseline or not args.candidate:
                 console.print("[red]--baseline and --candidate are required")
                 return 2
-            if len(corpus) < policy.policy.gate.min_prompts:
-                console.print(
-                    f"[red]corpus {corpus.source} has {len(corpus)} prompts; policy "
-                    f"{policy.source} needs at least {policy.policy.gate.min_prompts}"
-                )
+            too_small = corpus_too_small(corpus, policy)
+            if too_small:
+                console.print(f"[red]{too_small}", highlight=False)
                 return 2
             run_id = start_run(
                 store,

@@ -63,6 +63,14 @@ class RunOutcome:
     error: str | None = None
 
 
+def corpus_too_small(corpus: Corpus, policy: LoadedPolicy) -> str | None:
+    """Why ``corpus`` cannot satisfy ``policy``'s min_prompts (such a run could never decide)."""
+    need = policy.policy.gate.min_prompts
+    if len(corpus) >= need:
+        return None
+    return f"corpus {corpus.source} has {len(corpus)} prompts; policy {policy.source} needs {need}"
+
+
 def start_run(
     store: Store,
     corpus: Corpus,

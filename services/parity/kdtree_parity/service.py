@@ -38,7 +38,7 @@ from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
 from kdtree_parity.policy import PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.runner import Targets, corpus_too_small, execute_run, start_run
 from kdtree_parity.store import RunRecord, Store
 
 log = logging.getLogger("kdtree_parity.service")
@@ -267,6 +267,9 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             policy = load_policy(settings.policy)
         except (CorpusError, PolicyError) as exc:
             raise HTTPException(500, f"service misconfigured: {exc}") from None
+        too_small = corpus_too_small(corpus, policy)
+        if too_small:
+            raise HTTPException(400, f"{too_small}: such a run could never decide")
         run_id = start_run(
             store(), corpus, policy, settings.pairs[pair], pair=pair, out_dir=settings.out
         )
