@@ -37,7 +37,9 @@ GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def url(reference_server_module) -> str:
-    return reference_server_module(attention="op", max_prompt_tokens=256, max_new_tokens_limit=64)
+    return reference_server_module(
+        attention="op", device="cpu", max_prompt_tokens=256, max_new_tokens_limit=64
+    )
 
 
 @pytest.fixture(scope="module")

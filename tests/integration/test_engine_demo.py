@@ -10,7 +10,8 @@ import time
 
 from kdtree_inference.engine.launch import health_status
 
-DEMO = [sys.executable, "-m", "kdtree_inference.engine.demo"]
+# CPU explicitly: on a GPU machine the demo would pick the GPU backends (triton vs op).
+DEMO = [sys.executable, "-m", "kdtree_inference.engine.demo", "--device", "cpu"]
 
 
 def _urls(output: str) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 
 
 def test_health_is_503_until_warm_then_200(reference_server) -> None:
-    url = reference_server(warmup_delay=3, wait_ready=False)
+    url = reference_server(device="cpu", warmup_delay=3, wait_ready=False)
     not_ready = httpx.get(url + "/health", timeout=5)
     assert not_ready.status_code == 503
     assert "starting" in not_ready.json()["error"]["message"]
@@ -23,8 +23,8 @@ def test_health_is_503_until_warm_then_200(reference_server) -> None:
 
 
 def test_fault_layer_makes_a_different_model(reference_server) -> None:
-    good = reference_server(attention="op")
-    bad = reference_server(attention="op", fault_layer=1, fault_scale=3.0)
+    good = reference_server(attention="op", device="cpu")
+    bad = reference_server(attention="op", device="cpu", fault_layer=1, fault_scale=3.0)
     body = {"text": "Once upon a time", "sampling_params": {"temperature": 0,
             "max_new_tokens": 32, "ignore_eos": True}}  # fmt: skip
     a = httpx.post(good + "/generate", json=body, timeout=60).json()["output_ids"]
@@ -33,7 +33,7 @@ def test_fault_layer_makes_a_different_model(reference_server) -> None:
 
 
 def test_kdtree_verify_validate_reports_the_difference_in_metrics(reference_server) -> None:
-    url = reference_server(env={"KDTREE_VERIFY": "validate"})
+    url = reference_server(device="cpu", env={"KDTREE_VERIFY": "validate"})
     assert (
         httpx.get(url + "/model_info", timeout=5).json()["kdtree_engine"]["attention_backend"]
         == "validate"

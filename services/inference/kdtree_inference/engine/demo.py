@@ -45,10 +45,12 @@ class PromptComparison:
         return None
 
 
-def start_pair(log_dir: Path, candidate_options: dict) -> tuple[EngineProcess, EngineProcess]:
-    baseline = EngineProcess(log_dir / "baseline.log", env={"KDTREE_VERIFY": "off"})
+def start_pair(
+    log_dir: Path, device: str | None, candidate_options: dict
+) -> tuple[EngineProcess, EngineProcess]:
+    baseline = EngineProcess(log_dir / "baseline.log", env={"KDTREE_VERIFY": "off"}, device=device)
     candidate = EngineProcess(
-        log_dir / "candidate.log", env={"KDTREE_VERIFY": "on"}, **candidate_options
+        log_dir / "candidate.log", env={"KDTREE_VERIFY": "on"}, device=device, **candidate_options
     )
     return baseline, candidate
 
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="make the candidate deliberately wrong (shows what a difference looks like)")  # fmt: skip
     p.add_argument("--candidate-fault-scale", type=float, default=1.5)
     p.add_argument("--strict", action="store_true", help="exit 1 if any prompt differs")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     args = p.parse_args(argv)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kdtree-demo-"))
     candidate_options = {}
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     servers: list[EngineProcess] = []
     try:
-        servers = list(start_pair(log_dir, candidate_options))
+        servers = list(start_pair(log_dir, args.device, candidate_options))
         print(f"starting baseline and candidate servers (logs in {log_dir}) ...", flush=True)
         for server in servers:
             server.wait(timeout=300)
