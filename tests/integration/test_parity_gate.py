@@ -20,52 +20,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 from parity_proxy import ForwardingProxy
+from parity_support import write_inputs
 from PIL import Image
 
-from kdtree_parity.corpus import load_corpus, parse_corpus
+from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.runner import Targets, execute_run, start_run
 from kdtree_parity.store import Store
 
 pytestmark = pytest.mark.slow
-
-# Small enough for a 2-core CI box, strict enough to mean something: the reference engine is
-# float32 and deterministic, so identical servers must match exactly.
-POLICY = """
-replay:
-  max_new_tokens: 8
-  top_logprobs_num: 5
-  concurrency: 2
-  timeout_s: 60
-  retries: 1
-  backoff_s: 0.2
-  health_deadline_s: 60
-  max_consecutive_transport_errors: 2
-compare:
-  near_tie_epsilon: 0.05
-gate:
-  min_prompts: {min_prompts}
-  max_hard_divergences: 0
-  min_exact_match_rate: 0.9
-  max_excess_divergence_rate: 0.05
-  max_logprob_drift_p99: 0.01
-"""
-
-
-def write_inputs(tmp_path: Path, prompts: int, **replay: object) -> tuple[Path, Path]:
-    """The first ``prompts`` entries of the shipped short corpus, and the test policy."""
-    lines = load_corpus("short").raw.decode().splitlines()[:prompts]
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(lines) + "\n")
-    data = yaml.safe_load(POLICY.format(min_prompts=prompts))
-    data["replay"].update(replay)
-    text = yaml.safe_dump(data)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(text)
-    parse_policy(text)  # a typo in a test policy should fail here, not as a verdict
-    return corpus, policy
 
 
 def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:

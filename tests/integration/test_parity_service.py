@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_parity_gate import write_inputs
+from parity_support import write_inputs
 
 from kdtree_parity.report import build_report
 from kdtree_parity.report.schema import Report
