@@ -43,6 +43,19 @@ def _sglang_context():
         yield
 
 
+def make_runner(**kwargs):
+    return testing.make_model_runner(num_heads=HEADS, num_draft=DRAFT, **kwargs)
+
+
+def make_ours(runner, settings: VerifySettings, registry=None):
+    return testing.make_backend(
+        KdtreeTritonAttnBackend,
+        runner,
+        kdtree_settings=settings,
+        kdtree_registry=registry or CollectorRegistry(),
+    )
+
+
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, {"tp_rank": "0", **labels})
     return 0.0 if value is None else value
@@ -53,17 +66,10 @@ class Pair:
 
     def __init__(self, settings: VerifySettings, mask: str = "tree", **runner_kwargs):
         self.registry = CollectorRegistry()
-        self.stock_runner = testing.make_model_runner(**runner_kwargs)
-        self.ours_runner = testing.make_model_runner(**runner_kwargs)
-        self.stock = testing.make_backend(TritonAttnBackend, self.stock_runner, DRAFT, HEADS)
-        self.ours = testing.make_backend(
-            KdtreeTritonAttnBackend,
-            self.ours_runner,
-            DRAFT,
-            HEADS,
-            settings=settings,
-            registry=self.registry,
-        )
+        self.stock_runner = make_runner(**runner_kwargs)
+        self.ours_runner = make_runner(**runner_kwargs)
+        self.stock = testing.make_backend(TritonAttnBackend, self.stock_runner)
+        self.ours = make_ours(self.ours_runner, settings, self.registry)
         self.mask = mask
         self.layers = {i: testing.make_layer(i, HEADS) for i in LAYERS}
 
@@ -242,15 +248,7 @@ def test_sinks_fall_back_to_stock_and_are_counted():
     ],
 )
 def test_unsupported_reason_names_every_case(change, reason):
-    runner = testing.make_model_runner(num_layers=1, pool_size=32)
-    backend = testing.make_backend(
-        KdtreeTritonAttnBackend,
-        runner,
-        DRAFT,
-        HEADS,
-        settings=VerifySettings(mode=VerifyMode.ON),
-        registry=CollectorRegistry(),
-    )
+    backend = make_ours(make_runner(num_layers=1), VerifySettings(mode=VerifyMode.ON))
     backend.__dict__.update(change.get("backend", {}))
     layer = testing.make_layer(0, HEADS, **change.get("layer", {}))
     q = torch.zeros(DRAFT, HEADS * 576, dtype=change.get("q_dtype", torch.float32))
@@ -272,16 +270,9 @@ def test_forwards_other_than_target_verify_are_the_parents():
 
 
 def test_draft_runner_stays_stock_in_on_mode():
-    runner = testing.make_model_runner(is_draft_worker=True)
-    backend = testing.make_backend(
-        KdtreeTritonAttnBackend,
-        runner,
-        DRAFT,
-        HEADS,
-        settings=VerifySettings(mode=VerifyMode.ON),
-        registry=CollectorRegistry(),
-    )
+    backend = make_ours(make_runner(is_draft_worker=True), VerifySettings(mode=VerifyMode.ON))
     assert not backend.kdtree_active
+    assert backend.kdtree_recorder is None and backend.kdtree_shadow_gate is None
 
 
 class GraphPair(Pair):

@@ -60,9 +60,18 @@ KERNEL_DTYPES = {
 class KdtreeTritonAttnBackend(TritonAttnBackend):
     """SGLang's "triton" attention backend, with target verify served per KDTREE_VERIFY."""
 
-    def __init__(self, model_runner: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_runner: Any,
+        *args: Any,
+        kdtree_settings: VerifySettings | None = None,
+        kdtree_registry: Any | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """As the parent; ``kdtree_settings`` default to the environment's, ``kdtree_registry``
+        (a prometheus_client registry) to the process default."""
         super().__init__(model_runner, *args, **kwargs)
-        self._init_kdtree(model_runner)
+        self._init_kdtree(model_runner, kdtree_settings, kdtree_registry)
 
     # ----------------------------------------------------------------------------- set-up
 
@@ -72,8 +81,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         settings: VerifySettings | None = None,
         registry: Any | None = None,
     ) -> None:
-        """Our state, after the parent's ``__init__`` (separate so tests can build the parent
-        part from stand-ins). ``settings`` default to the environment's."""
+        """Our state, set up after the parent's ``__init__``."""
         self.kdtree_settings = settings = settings or VerifySettings.from_env()
         self.kdtree_device = torch.device(self.device)
         # A draft model's runner never runs target verify; keep it stock whatever the mode.

@@ -3,11 +3,11 @@
 SGLang's real classes are used wherever they construct on a CPU: ``MLATokenToKVPool`` (the KV
 pool), ``KVIndexTranslator`` and ``KVLocPlan`` (what the Triton backend's metadata code reads
 ``kv_indices`` through), ``RadixAttention`` (the layer), ``ForwardMode`` and ``ForwardMetadata``.
-Three things are small stand-ins: the model runner, the forward batch and the speculative info
-(plain namespaces carrying exactly the attributes the backend reads). ``TritonAttnBackend.__init__``
-needs SGLang's full runtime context (server args, spec config, device queries), so the backend
-is made with ``object.__new__`` and given the attributes that constructor would set for an MLA
-model on one GPU; ``KdtreeTritonAttnBackend._init_kdtree`` then runs as its ``__init__`` would.
+The model runner is SGLang's own test-kit ``MockMLAModelRunner`` (a ``ModelRunner`` subclass
+with a tiny MLA config whose server args it publishes with SGLang's ``override_server_args``), so
+both backends are built by their real ``__init__``. Two things are small stand-ins: the forward
+batch and the speculative info (plain namespaces carrying exactly the attributes the backend
+reads).
 
 Everything runs SGLang's own metadata code (``init_forward_metadata``, the CUDA-graph path
 ``init_cuda_graph_state`` / ``init_forward_metadata_out_graph``) and its Triton kernels (under
@@ -31,32 +31,69 @@ QK_DIM, V_DIM = 576, 512
 
 @contextlib.contextmanager
 def sglang_cpu_context() -> Iterator[None]:
-    """The one piece of SGLang's runtime context the verify path reads (no DCP)."""
+    """The parallel facts SGLang's attention code reads on one device without DCP."""
     from sglang.srt.runtime_context import get_parallel
 
-    with get_parallel().override(dcp_enabled=False):
+    with get_parallel().override(attn_dcp_rank=0, dcp_enabled=False):
         yield
 
 
 def make_model_runner(
     *,
+    num_heads: int,
+    num_draft: int,
     num_layers: int = 2,
-    pool_size: int = 256,
     max_batch: int = 4,
     max_context: int = 96,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
-    page_size: int = 1,
     is_draft_worker: bool = False,
     seed: int = 0,
-) -> SimpleNamespace:
-    """A model-runner stand-in holding SGLang's real MLA KV pool, filled with random KV."""
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+) -> Any:
+    """SGLang's own test-kit MLA model runner (``MockMLAModelRunner``: a ``ModelRunner`` with a
+    tiny MLA config and its server args published through ``override_server_args``), set up
+    for target verify with ``num_draft`` tokens, with an MLA KV pool of ``num_layers`` layers
+    filled with random KV."""
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
+        MLAAttentionCase,
+        MockMLAModelRunner,
+        TinyMLAModelConfig,
+    )
 
-    pool = MLATokenToKVPool(
-        size=pool_size,
-        page_size=page_size,
+    case = MLAAttentionCase(
+        name="kdtree-target-verify",
+        backend="triton",
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        num_heads=num_heads,
+        page_size=1,
+        prefix_lens=(0,) * max_batch,
+        extend_lens=(num_draft,) * max_batch,
+    )
+    config = TinyMLAModelConfig(
+        num_heads=num_heads,
+        kv_lora_rank=V_DIM,
+        qk_rope_head_dim=QK_DIM - V_DIM,
+        hidden_size=64,
+        context_len=max_context,
+    )
+    runner = MockMLAModelRunner(
+        case=case,
+        model_config=config,
+        dtype=dtype,
+        device=device,
+        max_context_len=max_context,
+        kv_lora_rank=V_DIM,
+        qk_rope_head_dim=QK_DIM - V_DIM,
+        runner_batch_size=max_batch,
+    )
+    # The mock publishes its server args on construction; they are re-published around each
+    # backend construction (make_backend) and withdrawn otherwise, so no other test sees them.
+    runner._server_args_override.restore()
+    runner.token_to_kv_pool = MLATokenToKVPool(
+        size=runner.token_to_kv_pool.size,
+        page_size=1,
         dtype=dtype,
         kv_lora_rank=V_DIM,
         qk_rope_head_dim=QK_DIM - V_DIM,
@@ -64,88 +101,21 @@ def make_model_runner(
         device=device,
         enable_memory_saver=False,
     )
+    runner.is_draft_worker = is_draft_worker
+    runner.init_kv_index_translator()
     generator = torch.Generator().manual_seed(seed)
     for layer_id in range(num_layers):
-        buffer = pool.get_key_buffer(layer_id)
+        buffer = runner.token_to_kv_pool.get_key_buffer(layer_id)
         buffer.copy_(torch.randn(buffer.shape, generator=generator).to(buffer.dtype))
-    req_to_token = torch.zeros(max_batch, max_context, dtype=torch.int32, device=device)
-    translator = KVIndexTranslator(
-        req_to_token=req_to_token,
-        token_to_kv_pool_allocator=None,
-        token_to_kv_pool=pool,
-        page_size=page_size,
-        device=device,
-    )
-    return SimpleNamespace(
-        token_to_kv_pool=pool,
-        req_to_token_pool=SimpleNamespace(size=max_batch, req_to_token=req_to_token),
-        kv_index_translator=translator,
-        device=device,
-        page_size=page_size,
-        is_draft_worker=is_draft_worker,
-        tp_rank=0,
-        max_context=max_context,
-        generator=generator,
-    )
+    return runner
 
 
-def make_backend(
-    cls: type, runner: SimpleNamespace, num_draft: int, num_heads: int, **kdtree_kwargs: Any
-) -> Any:
-    """``cls`` (TritonAttnBackend or our subclass) with the state its ``__init__`` would give an
-    MLA model on one device: no sliding window, no DCP, no deterministic mode, page size from
-    the runner. ``kdtree_kwargs`` go to ``_init_kdtree`` (settings, registry)."""
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-
-    backend = object.__new__(cls)
-    pool = runner.token_to_kv_pool
-    max_batch = runner.req_to_token_pool.size
-    backend.__dict__.update(
-        # kernels (the parent wraps them in torch.compiler.disable)
-        extend_attention_fwd=extend_attention_fwd,
-        # model / pool facts
-        device=runner.device,
-        token_to_kv_pool=pool,
-        req_to_token_pool=runner.req_to_token_pool,
-        req_to_token=runner.req_to_token_pool.req_to_token,
-        kv_index_translator=runner.kv_index_translator,
-        page_size=runner.page_size,
-        use_mla=True,
-        max_context_len=runner.max_context,
-        num_head=num_heads,
-        v_head_dim=V_DIM,
-        swa_v_head_dim=None,
-        # speculative decoding
-        num_draft_tokens=num_draft,
-        target_verify_num_tokens_per_req=num_draft,
-        is_draft_runner=runner.is_draft_worker,
-        skip_prefill=False,
-        # features this configuration has off
-        sliding_window_size=None,
-        window_kv_indptr=None,
-        use_sliding_window_kv_pool=False,
-        dllm_attention=None,
-        dcp_size=1,
-        enable_deterministic=False,
-        use_dense_fp8_chunked_prefill=False,
-        use_verify_shared_kv=False,
-        use_verify_splitkv=False,
-        allow_bidirectional_attention_in_extend=False,
-        _dense_one_shot_kv_indptr=None,
-        # decode-graph buffers init_cuda_graph_state sizes
-        max_kv_splits=2,
-        lean_total_programs=1,
-        lean_block_m=16,
-        # metadata buffers the parent's __init__ allocates
-        kv_indptr=torch.zeros(max_batch + 1, dtype=torch.int32, device=runner.device),
-        qo_indptr=torch.zeros(max_batch + 1, dtype=torch.int64, device=runner.device),
-        mask_indptr=torch.zeros(max_batch + 1, dtype=torch.int64, device=runner.device),
-        forward_metadata=None,
-        _verify_mask=None,
-    )
-    if hasattr(backend, "_init_kdtree"):
-        backend._init_kdtree(runner, **kdtree_kwargs)
-    return backend
+def make_backend(cls: type, runner: Any, **kdtree_kwargs: Any) -> Any:
+    """``cls(runner)`` (TritonAttnBackend or our subclass) through its real ``__init__``, with the
+    runner's server args published for the duration. ``kdtree_kwargs``: ``kdtree_settings``,
+    ``kdtree_registry`` for our subclass."""
+    with runner._server_args_override, sglang_cpu_context():
+        return cls(runner, **kdtree_kwargs)
 
 
 def make_layer(layer_id: int, num_heads: int, scaling: float = 0.1352, **overrides: Any) -> Any:
