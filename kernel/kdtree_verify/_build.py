@@ -43,6 +43,35 @@ def nvcc_flags(archs: list[str]) -> list[str]:
     return ["-O3", "-lineinfo", *gencode_flags(archs)]
 
 
+def _toolkit_gaps(cuda_home: str) -> tuple[list[str], list[str]]:
+    """Host-compiler and linker flags for toolkits that lack what torch's CUDA headers need.
+
+    torch's ATen CUDA headers include cusparse.h, and its linker line asks for -lcudart under
+    CUDA_HOME/lib64. A minimal toolkit (nvcc + cudart only, as on our CI machine) lacks the first
+    and may keep the second elsewhere; torch's own nvidia-* wheels carry the headers.
+    """
+    home = Path(cuda_home)
+    cflags: list[str] = []
+    if not (home / "include" / "cusparse.h").exists():
+        try:
+            import nvidia
+
+            for root in map(Path, nvidia.__path__):
+                wheel_include = root / "cu13" / "include"
+                if (wheel_include / "cusparse.h").exists():
+                    cflags.append(f"-isystem{wheel_include}")
+                    break
+        except ImportError:
+            pass
+    ldflags: list[str] = []
+    if not (home / "lib64" / "libcudart.so").exists():
+        for lib in (home / "lib", home / "cuda" / "lib64", Path("/usr/local/cuda/lib64")):
+            if (lib / "libcudart.so").exists():
+                ldflags.append(f"-L{lib}")
+                break
+    return cflags, ldflags
+
+
 def build_dir() -> Path:
     import torch
 
@@ -65,10 +94,12 @@ def load(verbose: bool = False) -> ModuleType:
     if cpp_extension.CUDA_HOME is None:
         raise RuntimeError("kdtree_verify: nvcc not found (set CUDA_HOME) to build the kernel")
     archs = cuda_archs()
+    host_flags, link_flags = _toolkit_gaps(cpp_extension.CUDA_HOME)
     _module = cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(CSRC_DIR / s) for s in SOURCES],
-        extra_cflags=["-O2"],
+        extra_cflags=["-O2", *host_flags],
+        extra_ldflags=link_flags,
         extra_cuda_cflags=nvcc_flags(archs),
         extra_include_paths=[str(CSRC_DIR)],
         build_directory=str(build_dir()),
