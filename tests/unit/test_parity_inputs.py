@@ -218,3 +218,34 @@ def test_cli_prints_the_report_schema() -> None:
     schema = json.loads(done.stdout)
     assert schema["title"] == "Report"
     assert {"verdict", "summary", "prompts", "corpus", "policy"} <= set(schema["properties"])
+
+
+def test_parser_reads_what_sglang_0_5_23_builds() -> None:
+    """meta_info built by SGLang's own TokenizerManager helpers, serialized as JSON, parses."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    class ByteTokenizer:  # what return_text_in_logprobs decodes with
+        def batch_decode(self, ids: list[list[int]]) -> list[str]:
+            return [chr(i[0]) for i in ids]
+
+    manager = object.__new__(TokenizerManager)  # only the two pure helpers are used
+    manager.tokenizer = ByteTokenizer()
+    vals, idxs = [-0.25, -0.5, -0.125], [104, 105, 33]
+    top_vals = [[-0.25, -2.0], [], [-0.125, -3.5]]
+    top_idxs = [[104, 72], [], [33, 63]]
+    for with_text in (True, False):
+        meta = {
+            "finish_reason": {"type": "stop", "matched": 33},
+            "output_token_logprobs": manager.detokenize_logprob_tokens(vals, idxs, with_text),
+            "output_top_logprobs": manager.detokenize_top_logprobs_tokens(
+                top_vals, top_idxs, with_text
+            ),
+        }
+        body = json.loads(json.dumps({"text": "hi!", "output_ids": idxs, "meta_info": meta}))
+        g = parse_generate_response(body)
+        assert g.output_ids == (104, 105, 33) and g.finish_reason == "stop"
+        assert g.token_logprobs == (-0.25, -0.5, -0.125)
+        assert g.token_texts == (("h", "i", "!") if with_text else (None, None, None))
+        assert g.top_map(0) == {104: -0.25, 72: -2.0}
+        assert g.top_map(1) is None  # SGLang sends null for a position without top-k
+        assert g.top_map(2) == {33: -0.125, 63: -3.5}
