@@ -41,11 +41,24 @@ SCRIPT = textwrap.dedent(
             guard = None
         except AssertionError as error:
             guard = str(error)
+        # The registry entry builds a real backend for an MLA model runner (SGLang's test-kit
+        # runner, CPU), reading KDTREE_VERIFY from this process's environment.
+        from kdtree_inference.sglang import testing
+
+        runner = testing.make_model_runner(num_heads=2, num_draft=3, num_layers=1)
+        with runner._server_args_override, testing.sglang_cpu_context():
+            backend = ATTENTION_BACKENDS["triton"](runner)
         queue.put(
             {
                 "entry": registry_entry(),
                 "subclass": issubclass(KdtreeTritonAttnBackend, TritonAttnBackend),
                 "guard": guard,
+                "built": type(backend).__name__,
+                "mode": (
+                    backend.kdtree_settings.mode.value
+                    if hasattr(backend, "kdtree_settings")
+                    else None
+                ),
             }
         )
 
@@ -56,10 +69,11 @@ SCRIPT = textwrap.dedent(
         context = mp.get_context("spawn")
         results = {}
         children = []
+        import os
+
+        os.environ["KDTREE_VERIFY"] = "validate"
         for name, whitelist in (("default", None), ("whitelist", "smg-zmq")):
             if whitelist is not None:
-                import os
-
                 os.environ["SGLANG_PLUGINS"] = whitelist
             queue = context.Queue()
             child = context.Process(target=scheduler, args=(queue,))
@@ -100,6 +114,8 @@ def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
     assert default["subclass"] is True
     assert default["guard"] and "Cross attention is not supported" in default["guard"]
     assert default["child_exit"] == 0
+    assert default["built"] == "KdtreeTritonAttnBackend" and default["mode"] == "validate"
     # SGLANG_PLUGINS without "kdtree_verify": SGLang's own factory stays.
     assert results["whitelist"]["entry"] == STOCK
+    assert results["whitelist"]["built"] == "TritonAttnBackend"
     assert results["whitelist"]["child_exit"] == 0
