@@ -2,7 +2,7 @@
 
 It sits in front of a real engine server and can (a) delay the first ``slow_first`` requests
 it sees for each distinct /generate body by ``delay_s`` seconds -- a slow server, as the
-sidecar's timeout sees it --, (b) call ``on_generate(n)`` before forwarding the n-th /generate
+sidecar's timeout sees it --, answer 503 to the first ``unavailable_first`` ones, (b) call ``on_generate(n)`` before forwarding the n-th /generate
 request (a test kills the real upstream there: the server dies with work outstanding), and
 (c) be pointed at a different upstream while running (a restarted server). When the upstream
 cannot be reached it closes the client's connection without an answer, which is what a dead
@@ -25,10 +25,12 @@ class ForwardingProxy:
         upstream: str,
         delay_s: float = 0.0,
         slow_first: int = 0,
+        unavailable_first: int = 0,
         on_generate: Callable[[int], None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.on_generate = on_generate
+        self.unavailable_first = unavailable_first
         self.delay_s = delay_s
         self.slow_first = slow_first
         self.generate_bodies: Counter[bytes] = Counter()
@@ -86,6 +88,12 @@ class ForwardingProxy:
                         self.on_generate(self.attempts)
                     if self.generate_bodies[body] <= self.slow_first:
                         await asyncio.sleep(self.delay_s)
+                    if self.generate_bodies[body] <= self.unavailable_first:
+                        writer.write(
+                            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+                        )
+                        await writer.drain()
+                        continue
                 try:
                     async with httpx.AsyncClient(timeout=120) as client:
                         resp = await client.request(

@@ -2,8 +2,9 @@
 
 Identical servers pass; a candidate with a perturbed layer fails with named hard divergences
 (and its HTML report renders in headless Chromium); a candidate killed mid-run gives an error
-verdict and ``--resume`` then finishes the same run; a slow candidate hits the timeout and is
-retried exactly as configured.
+verdict and ``--resume`` (waiting for a restarted candidate's /health) then finishes the same
+run; a slow candidate hits the timeout and is retried exactly as configured, as is a 503; a
+SIGTERM mid-run leaves the run interrupted, never passed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from parity_proxy import ForwardingProxy
@@ -184,8 +186,10 @@ def test_killed_candidate_gives_error_then_resume_finishes(
         reasons = {r["rule"]: r["outcome"] for r in report["verdict"]["reasons"]}
         assert reasons["complete"] == "undecided"
 
-        # A fresh candidate behind the same address; --resume replays only what is missing.
-        proxy.upstream = reference_server()
+        # A fresh candidate behind the same address, still warming up (/health 503): --resume
+        # waits for it, then replays only what is missing.
+        proxy.upstream = reference_server(warmup_delay=3, wait_ready=False)
+        assert httpx.get(proxy.url + "/health", timeout=10).status_code == 503
         done = run_cli(
             "run", "--resume", run_id, "--db", tmp_path / "runs.sqlite3", "--no-progress"
         )
@@ -221,6 +225,18 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         ]
         assert [side["attempts"] for side in candidate_sides] == [2, 2, 2]
         assert sorted(proxy.generate_bodies.values()) == [2, 2, 2]
+
+        # 503 (overloaded/starting) is retried too: every first attempt gets one, all pass.
+        proxy.slow_first, proxy.unavailable_first = 0, 1
+        proxy.generate_bodies.clear()
+        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
+                       corpus, "--policy", policy, "--out", tmp_path / "out503", "--db", db,
+                       "--no-progress")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = only_report(tmp_path / "out503")
+        attempts = [s["attempts"] for p in report["prompts"] for s in p["sides"]]
+        assert sorted(attempts) == [1] * 6 + [2] * 3  # baseline and A/A once, candidate twice
+        proxy.unavailable_first = 0
 
         # Always slow: each request is tried 1 + retries times, then the run stops undecided.
         proxy.slow_first = 10**6
