@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -245,14 +246,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(_: argparse.Namespace) -> int:
-    import json
-
     sys.stdout.write(json.dumps(Report.model_json_schema(), indent=1) + "\n")
     return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    import uvicorn  # the service's imports are only paid for by `serve`
 
     from kdtree_parity.service import ServiceSettings, create_app
 

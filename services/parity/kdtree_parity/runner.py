@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kdtree_parity.client import TargetClient, TargetUnavailable, build_generate_request
 from kdtree_parity.compare import compare_generations
@@ -219,7 +220,7 @@ def _compare(entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float) 
     )
 
 
-def verdict_to_json(verdict: Verdict) -> dict:
+def verdict_to_json(verdict: Verdict) -> dict[str, Any]:
     return {
         "status": verdict.status,
         "reasons": [

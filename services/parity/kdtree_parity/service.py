@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -323,6 +324,4 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
 def app_from_env() -> FastAPI:
     """For ``uvicorn kdtree_parity.service:app_from_env --factory``."""
-    import os
-
     return create_app(ServiceSettings.from_env(os.environ))
