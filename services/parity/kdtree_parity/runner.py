@@ -144,12 +144,18 @@ async def execute_run(
     stop = asyncio.Event()
     breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
     try:
-        try:
-            await asyncio.gather(
-                *(c.wait_healthy(replay.health_deadline_s) for c in clients.values())
-            )
-        except TargetUnavailable as exc:
-            breaker.reason = str(exc)
+        # Every wait ends by the same deadline; collect them all so the reason names every
+        # target that never became healthy and no wait outlives its client.
+        waits = await asyncio.gather(
+            *(c.wait_healthy(replay.health_deadline_s) for c in clients.values()),
+            return_exceptions=True,
+        )
+        for failure in waits:
+            if isinstance(failure, BaseException) and not isinstance(failure, TargetUnavailable):
+                raise failure
+        unhealthy = [str(w) for w in waits if isinstance(w, TargetUnavailable)]
+        if unhealthy:
+            breaker.reason = "; ".join(unhealthy)
         else:
             for role, client in role_client.items():
                 store.set_identity(run_id, role, {"model_info": await client.identity()})
