@@ -172,3 +172,26 @@ def test_report_json_html_and_markdown(tmp_path: Path) -> None:
     assert sorted(p.name for p in paths.values()) == ["report.html", "report.json", "report.md"]
     assert all(p.stat().st_size > 0 for p in paths.values())
     assert not list((tmp_path / "out").rglob("*.tmp"))
+
+
+def test_a_run_from_another_host_without_heartbeat_reads_as_interrupted(tmp_path: Path) -> None:
+    import sqlite3
+    import time
+
+    from kdtree_parity.store import STALE_AFTER_S
+
+    db = tmp_path / "runs.sqlite3"
+    store = Store(db)
+    fresh, stale = new_run(store, ["a"]), new_run(store, ["a"])
+    raw = sqlite3.connect(db)
+    with raw:  # as if two containers (other hostnames) own them; one stopped its heartbeat
+        raw.execute("UPDATE runs SET owner_host='container-1', updated_at=? WHERE id=?",
+                    (time.time(), fresh))  # fmt: skip
+        raw.execute("UPDATE runs SET owner_host='container-2', updated_at=? WHERE id=?",
+                    (time.time() - STALE_AFTER_S - 5, stale))  # fmt: skip
+    raw.close()
+    assert store.get_run(fresh).status == "running"
+    record = store.get_run(stale)
+    assert record.status == "interrupted" and "no heartbeat from container-2" in record.error
+    store.heartbeat(fresh)
+    assert store.get_run(fresh).status == "running"

@@ -23,7 +23,7 @@ from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, parse_policy
 from kdtree_parity.report import write_report_files
 from kdtree_parity.results import ROLES, Outcome, PromptResult, Role
-from kdtree_parity.store import VERDICT_TO_STATUS, Store
+from kdtree_parity.store import HEARTBEAT_S, VERDICT_TO_STATUS, Store
 
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
 
@@ -143,6 +143,7 @@ async def execute_run(
         clients[name] = role_client[role] = TargetClient(name, url, replay)
     stop = asyncio.Event()
     breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
+    heartbeat = asyncio.create_task(_heartbeat(store, run_id))
     try:
         # Every wait ends by the same deadline; collect them all so the reason names every
         # target that never became healthy and no wait outlives its client.
@@ -207,11 +208,19 @@ async def execute_run(
         _write_reports_quietly(store, run_id, record.out_dir, write_reports)
         raise
     finally:
+        heartbeat.cancel()
         for client in clients.values():
             await client.__aexit__(None, None, None)
     if write_reports and record.out_dir:
         write_report_files(store, run_id, Path(record.out_dir))
     return outcome
+
+
+async def _heartbeat(store: Store, run_id: str) -> None:
+    """Keep updated_at fresh so readers on other hosts can tell a live run from a dead one."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        store.heartbeat(run_id)
 
 
 def _compare(entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float) -> PromptResult:

@@ -4,8 +4,9 @@ A run is ``running`` until it ends as ``passed``, ``failed``, ``error`` (could n
 ``interrupted`` (Ctrl-C, SIGTERM, a crash of the process that owned it). Every per-prompt result
 is committed as soon as it is known, so nothing is lost on failure and ``resume`` replays only
 the prompts that have no result (or an errored one). A ``running`` row whose owner process is
-gone is reconciled to ``interrupted`` whenever runs are read: a crashed run is never reported as
-passed, nor as still running.
+gone (same host), or whose owner stopped its heartbeat (any host: a container that died) is
+reconciled to ``interrupted`` whenever runs are read: a crashed run is never reported as passed,
+nor as still running.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from kdtree_parity.results import PromptResult
 
 RunStatus = Literal["running", "passed", "failed", "error", "interrupted"]
 FINAL_STATUSES = ("passed", "failed", "error", "interrupted")
+HEARTBEAT_S = 10.0  # how often a live run touches updated_at
+STALE_AFTER_S = 120.0  # a running run untouched this long has lost its owner
 VERDICT_TO_STATUS: dict[str, RunStatus] = {"pass": "passed", "fail": "failed", "error": "error"}
 
 _SCHEMA = """
@@ -261,19 +264,31 @@ class Store:
         ).fetchall()
         return {row["prompt_id"] for row in rows}
 
+    def heartbeat(self, run_id: str) -> None:
+        """Called every HEARTBEAT_S by the process executing the run."""
+        self._db.execute(
+            "UPDATE runs SET updated_at=? WHERE id=? AND status='running'", (time.time(), run_id)
+        )
+
     def _reconcile(self) -> None:
-        """Mark runs whose owner process on this host has gone as interrupted."""
-        host = socket.gethostname()
+        """Mark runs whose owner has gone as interrupted (dead pid here, or no heartbeat)."""
+        host, now = socket.gethostname(), time.time()
         rows = self._db.execute(
-            "SELECT id, owner_pid FROM runs WHERE status='running' AND owner_host=?", (host,)
+            "SELECT id, owner_host, owner_pid, updated_at FROM runs WHERE status='running'"
         ).fetchall()
         for row in rows:
-            if row["owner_pid"] != os.getpid() and not _pid_alive(row["owner_pid"]):
-                self.finish_run(
-                    row["id"],
-                    "interrupted",
-                    error=f"owner process {row['owner_pid']} exited before the run finished",
+            if row["owner_host"] == host and row["owner_pid"] == os.getpid():
+                continue
+            if row["owner_host"] == host and not _pid_alive(row["owner_pid"]):
+                why = f"owner process {row['owner_pid']} exited before the run finished"
+            elif now - row["updated_at"] > STALE_AFTER_S:
+                why = (
+                    f"no heartbeat from {row['owner_host']}:{row['owner_pid']} for "
+                    f"{now - row['updated_at']:.0f}s"
                 )
+            else:
+                continue
+            self.finish_run(row["id"], "interrupted", error=why)
 
     def mark_orphans_interrupted(self, reason: str) -> int:
         """At service start: every run this host left ``running`` was cut short."""
