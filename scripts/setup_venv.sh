@@ -28,7 +28,7 @@ elif command -v apt-get >/dev/null 2>&1; then
   "${sudo[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends chromium
 else
-  echo "WARNING: no chromium and no apt-get: tests/integration/test_parity_gate.py will fail" >&2
+  echo "WARNING: no chromium and no apt-get: tests/integration/test_parity_engines.py will fail" >&2
 fi
 touch "$VENV/.setup-done"
 step "done: $("$VENV/bin/python" -c 'import torch, sglang; print("torch", torch.__version__, "sglang", sglang.__version__)')"
