@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the memcheck
 # subset and the benchmark, keeping every raw log under $OUT (default bench/results/run).
-# Usage (on the GPU machine, repo root): bench/gpu_session.sh [all|test|sanitize|bench|quick]
+# Usage (on the GPU machine, repo root): bench/gpu_session.sh [all|test|sanitize|bench|quick|serving]
+# serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
+# op-vs-triton parity over 100 prompts (issues 4 and 5).
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/kernel
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/kernel:$PWD/services/inference
 export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
 rc=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
@@ -26,6 +28,14 @@ if [[ $what == all || $what == bench ]]; then
 fi
 if [[ $what == quick ]]; then
   python3 bench/kernel_bench.py --quick --out "$OUT/quick.json" 2>&1 | tee "$OUT/bench_quick.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+fi
+if [[ $what == serving ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_backend_gpu.py tests/gpu/test_engine_gpu.py -o addopts="" --durations=10 2>&1 | tee "$OUT/serving_test.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+  python3 bench/layer_bench.py --out "$OUT/layer_h200.json" 2>&1 | tee "$OUT/layer_bench.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+  python3 -m kdtree_inference.engine.gpu_parity --prompts 100 --out "$OUT/engine_gpu_parity.json" 2>&1 | tee "$OUT/engine_gpu_parity.log"
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
 exit $rc
