@@ -4,6 +4,7 @@ policies, and the parser of SGLang's /generate response."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -249,3 +250,37 @@ def test_parser_reads_what_sglang_0_5_23_builds() -> None:
         assert g.top_map(0) == {104: -0.25, 72: -2.0}
         assert g.top_map(1) is None  # SGLang sends null for a position without top-k
         assert g.top_map(2) == {33: -0.125, 63: -3.5}
+
+
+def test_built_wheel_ships_corpora_policies_and_templates(tmp_path: Path) -> None:
+    """After a plain (non-editable) install, the shipped names resolve and reports render."""
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(root / "services" / "parity"), "-w", str(tmp_path / "wheel")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("kdtree_parity-*.whl")
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = (
+        "import kdtree_parity, sys\n"
+        "from kdtree_parity.corpus import load_corpus\n"
+        "from kdtree_parity.policy import load_policy\n"
+        "from kdtree_parity.report.html import _ENV\n"
+        "assert kdtree_parity.__file__.startswith(sys.argv[1]), kdtree_parity.__file__\n"
+        "print(len(load_corpus('default')), len(load_corpus('short')),\n"
+        "      load_policy('default').policy.gate.min_prompts,\n"
+        "      _ENV.get_template('report.html.j2').name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["203", "24", "200", "report.html.j2"]
