@@ -32,13 +32,17 @@ gate:
 """
 
 
-def write_inputs(tmp_path: Path, prompts: int, **replay: object) -> tuple[Path, Path]:
-    """The first ``prompts`` entries of the shipped short corpus, and the test policy."""
+def write_inputs(
+    tmp_path: Path, prompts: int, gate: dict | None = None, **replay: object
+) -> tuple[Path, Path]:
+    """The first ``prompts`` entries of the shipped short corpus, and the test policy with
+    ``replay`` and ``gate`` overrides."""
     lines = load_corpus("short").raw.decode().splitlines()[:prompts]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
     data = yaml.safe_load(POLICY.format(min_prompts=prompts))
     data["replay"].update(replay)
+    data["gate"].update(gate or {})
     text = yaml.safe_dump(data)
     policy = tmp_path / "policy.yaml"
     policy.write_text(text)

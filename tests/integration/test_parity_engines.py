@@ -1,7 +1,8 @@
 """The parity sidecar against real reference-engine servers on loopback.
 
 Identical servers pass; a candidate with a perturbed layer fails with named hard divergences
-(and its HTML report renders in headless Chromium); a candidate killed mid-run gives an error
+(and its HTML report renders in headless Chromium); a 0.1% perturbation that flips no token is
+caught by logprob drift alone; a candidate killed mid-run gives an error
 verdict and ``--resume`` (waiting for a restarted candidate's /health) then finishes the same
 run; a slow candidate hits the timeout and is retried exactly as configured, as is a 503; a
 SIGTERM mid-run leaves the run interrupted, never passed.
@@ -118,6 +119,26 @@ def test_faulty_candidate_fails_with_named_hard_divergences(
     md = run_cli("report", report["run"]["id"], "--db", db, "--format", "md")
     assert md.returncode == 1 and f"`{hard_ids[0]}` | hard" in md.stdout
     check_html_in_chromium(out / report["run"]["id"] / "report.html", hard_ids[0], tmp_path)
+
+
+def test_logprob_drift_catches_a_numerics_change_before_any_token_flips(
+    shared_pair: tuple[str, str], reference_server, tmp_path: Path
+) -> None:
+    """A 0.1% perturbation of one layer: every greedy token still matches, the drift does not."""
+    baseline, _ = shared_pair
+    candidate = reference_server(fault_layer=1, fault_scale=1.001)
+    corpus, policy = write_inputs(tmp_path, 8, gate={"max_logprob_drift_p99": 0.0005})
+    out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
+    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
+                   "--policy", policy, "--out", out, "--db", db, "--no-progress")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = only_report(out)
+    s = report["summary"]
+    assert s["candidate"]["exact"] == 8 and s["candidate"]["hard"] == 0
+    assert s["aa"]["drift"]["max"] == 0.0
+    assert s["candidate"]["drift"]["p99"] > 0.0005
+    failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
+    assert failing == ["logprob_drift_p99"]
 
 
 def chromium() -> str:
