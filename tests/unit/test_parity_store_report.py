@@ -7,12 +7,13 @@ import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from parity_factories import exact, failed, generation, hard, near_tie, ok, result
 
-from kdtree_parity.corpus import parse_corpus
+from kdtree_parity.corpus import CorpusEntry, parse_corpus
 from kdtree_parity.gate import decide, summarize
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.report import (
@@ -195,3 +196,16 @@ def test_a_run_from_another_host_without_heartbeat_reads_as_interrupted(tmp_path
     assert record.status == "interrupted" and "no heartbeat from container-2" in record.error
     store.heartbeat(fresh)
     assert store.get_run(fresh).status == "running"
+
+
+def test_html_escapes_what_the_servers_and_corpus_send(tmp_path: Path) -> None:
+    store = Store(tmp_path / "runs.sqlite3")
+    run_id = new_run(store, ["x"])
+    evil = replace(generation([1, 2]), token_texts=("<script>alert(1)</script>", "<img src=x>"))
+    r = result("x", ok(generation([1, 3])), ok(evil))
+    r = replace(r, entry=CorpusEntry(id="x", text="</pre><script>bad()</script>", line=1))
+    store.save_result(run_id, 0, r)
+    finish(store, run_id, 1)
+    html = render_html(build_report(store, run_id))
+    assert "<script" not in html and "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
