@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from kdtree_parity.report import (
 )
 from kdtree_parity.report.schema import Report
 from kdtree_parity.runner import Targets, execute_run, start_run, verdict_to_json
-from kdtree_parity.store import Store
+from kdtree_parity.store import STALE_AFTER_S, Store
 
 POLICY_TEXT = "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n"
 
@@ -176,11 +178,6 @@ def test_report_json_html_and_markdown(tmp_path: Path) -> None:
 
 
 def test_a_run_from_another_host_without_heartbeat_reads_as_interrupted(tmp_path: Path) -> None:
-    import sqlite3
-    import time
-
-    from kdtree_parity.store import STALE_AFTER_S
-
     db = tmp_path / "runs.sqlite3"
     store = Store(db)
     fresh, stale = new_run(store, ["a"]), new_run(store, ["a"])
