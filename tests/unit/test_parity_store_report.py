@@ -206,3 +206,11 @@ def test_html_escapes_what_the_servers_and_corpus_send(tmp_path: Path) -> None:
     html = render_html(build_report(store, run_id))
     assert "<script" not in html and "<img" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_committed_json_schema_matches_the_models() -> None:
+    """report/report.schema.json documents report.json; regenerate with `kdtree-parity schema`."""
+    committed = Path(__file__).resolve().parents[2] / (
+        "services/parity/kdtree_parity/report/report.schema.json"
+    )
+    assert json.loads(committed.read_text()) == Report.model_json_schema()
