@@ -49,11 +49,13 @@ def _option(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-def _fail_if_configured(word: str) -> None:
+def _fail_if_configured(*words: str) -> None:
+    """FAKE_DOCKER_FAIL keys: a command word ("up", "push") or a whole call ("push x:stable")."""
     failures = json.loads(os.environ.get("FAKE_DOCKER_FAIL", "{}"))
-    if word in failures:
-        print(f"fake docker: '{word}' fails as the test asked", file=sys.stderr)
-        sys.exit(int(failures[word]))
+    for word in words:
+        if word in failures:
+            print(f"fake docker: '{word}' fails as the test asked", file=sys.stderr)
+            sys.exit(int(failures[word]))
 
 
 def _no_such_image(ref: str) -> int:
@@ -66,6 +68,15 @@ def build(args: list[str]) -> int:
     seed = os.environ.get("FAKE_DOCKER_BUILD_SEED", "0")
     images = _load("images.json")
     images[ref] = "sha256:" + hashlib.sha256(f"{target}|{ref}|{seed}".encode()).hexdigest()
+    _save("images.json", images)
+    return 0
+
+
+def image_rm(args: list[str]) -> int:
+    images = _load("images.json")
+    if args[0] not in images:
+        return _no_such_image(args[0])
+    del images[args[0]]
     _save("images.json", images)
     return 0
 
@@ -159,10 +170,12 @@ def main(argv: list[str]) -> int:
     with (STATE / "calls.jsonl").open("a") as calls:
         calls.write(json.dumps({"argv": argv, "env": kdtree_env}) + "\n")
     if argv and argv[0] in {"build", "tag", "push"}:
-        _fail_if_configured(argv[0])
+        _fail_if_configured(argv[0], " ".join(argv))
     handlers = {"build": build, "tag": tag, "push": push, "compose": compose}
     if argv[:2] == ["image", "inspect"]:
         return image_inspect(argv[2:])
+    if argv[:2] == ["image", "rm"]:
+        return image_rm(argv[2:])
     if argv and argv[0] in handlers:
         return handlers[argv[0]](argv[1:])
     print(f"fake docker: unsupported call {argv}", file=sys.stderr)

@@ -186,7 +186,16 @@ def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -
     assert second_record["previous_digest"] == images[f"{IMAGE}:rev1"]
     assert second_record["pushed"] is True
     assert second_record["candidate"]["repo_digests"] == [f"{IMAGE}@{images[f'{IMAGE}:rev2']}"]
-    del sandbox.env["KDTREE_PUSH"]
+
+    # A registry that refuses the stable push: the local stable tag is put back, nothing recorded.
+    sandbox.env["FAKE_DOCKER_FAIL"] = json.dumps({f"push {STABLE}": 1})
+    refused_push = sandbox.promote("rev3")
+    assert (
+        refused_push.returncode == 2 and f"'docker push {STABLE}' exited 1" in refused_push.stderr
+    )
+    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev2"]
+    assert len(sandbox.record_files()) == 2
+    del sandbox.env["KDTREE_PUSH"], sandbox.env["FAKE_DOCKER_FAIL"]
 
     # The same digest again: nothing to gate, nothing written.
     calls_before = len(sandbox.calls())

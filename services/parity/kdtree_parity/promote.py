@@ -302,12 +302,21 @@ def _now() -> str:
 
 
 def _tag_stable(docker: Docker, digest: str, image: str, push: bool) -> list[str]:
+    """Tag ``digest`` stable (and push it); if the push fails, put the local tag back."""
     stable_ref = f"{image}:{STABLE_TAG}"
+    before = docker.run("image", "inspect", "--format", "{{.Id}}", stable_ref, check=False)
     docker.run("tag", digest, stable_ref)
     if not push:
         return []
-    docker.run("push", stable_ref, capture=False)
-    return docker.repo_digests(stable_ref)
+    try:
+        docker.run("push", stable_ref, capture=False)
+        return docker.repo_digests(stable_ref)
+    except PromotionError:
+        if before.returncode == 0:
+            docker.run("tag", before.stdout.strip(), stable_ref, check=False)
+        else:
+            docker.run("image", "rm", stable_ref, check=False)
+        raise
 
 
 @dataclass(frozen=True)
