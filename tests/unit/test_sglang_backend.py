@@ -360,3 +360,24 @@ def test_graph_shadow_gate_selects_steps_on_the_device():
     pair.ours.kdtree_flush()
     assert metric(pair.registry, "kdtree_verify_compared_elements_total") == ELEMENTS_PER_LAYER
     assert 0 < metric(pair.registry, "kdtree_verify_max_abs_error", layer="0") < 2e-5
+
+
+def test_deterministic_inference_is_served_and_shadowed_against_the_unified_kernel():
+    """--enable-deterministic-inference: stock runs SGLang's unified 1-stage kernel; `on` serves
+    the kdtree kernel, and the captured shadow call (through the unified path) still gates."""
+    settings = VerifySettings(mode=VerifyMode.ON, shadow_every=2, validate_every=1000)
+    pair = GraphPair(settings)
+    for backend in (pair.stock, pair.ours):
+        backend.enable_deterministic = True  # what the server flag sets in __init__
+    stock_batch, ours_batch = pair.capture()
+    layer0 = {0: pair.layers[0]}
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, layer0):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    pair.ours.kdtree_flush()
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == 0
+    pair.ours.kdtree_shadow_gate.set(True, pair.ours.qo_indptr[:3], pair.ours.kv_indptr[:3])
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, layer0):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    pair.ours.kdtree_flush()
+    assert metric(pair.registry, "kdtree_verify_compared_elements_total") == ELEMENTS_PER_LAYER
+    assert 0 < metric(pair.registry, "kdtree_verify_max_abs_error", layer="0") < 2e-5

@@ -210,6 +210,9 @@ def make_verify_batch(
         mha_one_shot=False,
         attn_attend_prefix_cache=False,
         extend_seq_lens_cpu=None,
+        extend_seq_lens=None,  # target verify leaves the extend fields unset
+        extend_start_loc=None,
+        extend_prefix_lens=None,
     )
     dtype = pool.dtype
     total = batch * num_draft
