@@ -13,20 +13,13 @@ import httpx
 import pytest
 from parity_support import write_inputs
 
+from kdtree_inference.engine.launch import free_port
 from kdtree_parity.report import build_report
 from kdtree_parity.report.schema import Report
 from kdtree_parity.store import Store
 
 pytestmark = pytest.mark.slow
 TOKEN = "integration-token"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
