@@ -160,7 +160,10 @@ def validate_verify_inputs(
     return VerifyShape(batch_size, total_tokens, num_heads, k_buffer.shape[0])
 
 
-def _check_indptr(name: str, indptr: torch.Tensor, end: int, end_what: str) -> list[int]:
+def _check_indptr(
+    name: str, indptr: torch.Tensor, end: int, end_what: str, *, may_end_early: bool = False
+) -> list[int]:
+    """Starts at 0, never decreases, ends at ``end`` (or at most ``end`` with ``may_end_early``)."""
     values = indptr.tolist()
     if values[0] != 0:
         _fail(name, f"must start at 0, got {values[0]}")
@@ -170,7 +173,8 @@ def _check_indptr(name: str, indptr: torch.Tensor, end: int, end_what: str) -> l
                 name,
                 f"must be non-decreasing, but entry {i + 1} ({values[i + 1]}) < entry {i} ({values[i]})",
             )
-    if values[-1] != end:
+    too_far = values[-1] > end if may_end_early else values[-1] != end
+    if too_far:
         _fail(name, f"last entry is {values[-1]} but {end_what} is {end}")
     return values
 
@@ -185,9 +189,13 @@ def _check_values(
     mask_indptr: torch.Tensor | None,
 ) -> None:
     qo = _check_indptr("qo_indptr", qo_indptr, total_tokens, "q's token count")
-    kv = _check_indptr("kv_indptr", kv_indptr, kv_indices.shape[0], "len(kv_indices)")
-    if kv_indices.numel():
-        lo, hi = int(kv_indices.min()), int(kv_indices.max())
+    # SGLang's kv_indices is a buffer that may run past the batch's last entry.
+    kv = _check_indptr(
+        "kv_indptr", kv_indptr, kv_indices.shape[0], "len(kv_indices)", may_end_early=True
+    )
+    used = kv_indices[: kv[-1]]
+    if used.numel():
+        lo, hi = int(used.min()), int(used.max())
         if lo < 0 or hi >= pool_size:
             _fail("kv_indices", f"values must lie in [0, {pool_size}), found range [{lo}, {hi}]")
     if custom_mask is None:

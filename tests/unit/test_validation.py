@@ -52,7 +52,7 @@ BAD_INPUTS = [
     (lambda c: _t(qo_indptr=c.qo_indptr + 1), r"qo_indptr: must start at 0, got 1"),
     (lambda c: _t(qo_indptr=torch.tensor([0, 3, 2, 9])), r"qo_indptr: must be non-decreasing, but entry 2 \(2\) < entry 1 \(3\)"),
     (lambda c: _t(qo_indptr=torch.tensor([0, 3, 6, 8])), r"qo_indptr: last entry is 8 but q's token count is 9"),
-    (lambda c: _t(kv_indptr=torch.tensor([0, 4, 4, 5])), r"kv_indptr: last entry is 5 but len\(kv_indices\) is 10"),
+    (lambda c: _t(kv_indptr=torch.tensor([0, 4, 4, 11])), r"kv_indptr: last entry is 11 but len\(kv_indices\) is 10"),
     (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(10_000)), r"kv_indices: values must lie in \[0, \d+\), found range \[10000, 10000\]"),
     (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(-1)), r"kv_indices: values must lie in"),
     (lambda c: _t(mask_indptr=c.mask_indptr * 2), r"mask_indptr: entry 1 is 42, expected 21 \(cumsum of N x \(prefix_len \+ N\) per request\)"),
@@ -98,3 +98,16 @@ def test_chunk_size_must_be_positive():
     _, case = _args()
     with pytest.raises(ValueError, match="chunk_size: must be >= 1"):
         verify_attention(*case.args(), chunk_size=0)
+
+
+def test_kv_indices_may_be_a_longer_buffer_than_the_batch_uses():
+    """SGLang passes its kv_indices buffer whole; entries past kv_indptr[-1] are never read, even
+    when they hold garbage."""
+    args, case = _args()
+    args["kv_indices"] = torch.cat(
+        [case.kv_indices, torch.full((50,), 10**6, dtype=case.kv_indices.dtype)]
+    )
+    torch.testing.assert_close(verify_attention(**args), verify_attention(*case.args()))
+    torch.testing.assert_close(
+        verify_attention_reference(**args), verify_attention_reference(*case.args())
+    )

@@ -12,9 +12,8 @@ per static shape (batch size, heads, draft tokens), allocated once outside any g
 sync, no allocation), then shared by every layer. Its workspace is bounded by the formula in
 ``kdtree_verify.plan``.
 
-On CPU there is no plan; the one transformation is trimming ``kv_indices`` to ``kv_indptr[-1]``
-(SGLang's buffer may be longer: graph buffers are sized for the maximum context, eager ones may be
-over-allocated, and the CPU op checks the length exactly; reading ``kv_indptr[-1]`` is free there).
+On CPU there is no plan. SGLang's ``kv_indices`` may be longer than the batch uses (graph buffers
+are sized for the maximum context); the op reads only up to ``kv_indptr[-1]`` on every device.
 """
 
 from __future__ import annotations
@@ -107,8 +106,6 @@ class VerifyMarshal:
         # On target verify every request has the same N draft tokens (qo_indptr = arange x N).
         total_tokens = batch_size * int(metadata.max_extend_len)
         kv_indices = metadata.kv_indices
-        if kv_indices.device.type == "cpu":
-            kv_indices = kv_indices[: int(kv_indptr[-1])]
         custom_mask = metadata.custom_mask
         mask_indptr = None
         if custom_mask is not None:
