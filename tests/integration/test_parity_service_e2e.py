@@ -99,9 +99,10 @@ def test_service_runs_the_gate_for_its_configured_pair(parity_service) -> None:
         metrics = http.get("/metrics").text
         assert 'kdtree_parity_runs_total{status="passed"} 1.0' in metrics
         assert 'kdtree_parity_prompts_total{klass="exact"} 6.0' in metrics
-        # A second run is accepted once the first is done.
-        again = http.post("/runs", json={"corpus": "short"}, headers=auth)
-        assert again.status_code == 202 and again.json()["progress"]["total"] == 24
+        # A second run is accepted once the first is done (the 203-prompt corpus: still running
+        # when the service is stopped below).
+        again = http.post("/runs", json={"corpus": "default"}, headers=auth)
+        assert again.status_code == 202 and again.json()["progress"]["total"] == 203
     # Stopping the service mid-run records that run as interrupted, never as passed.
     proc.terminate()
     proc.wait(timeout=30)  # uvicorn shuts down gracefully, then re-raises SIGTERM (-15)
