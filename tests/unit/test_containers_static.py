@@ -446,8 +446,10 @@ def test_make_kernel_in_the_image_does_not_rerun_setup(tmp_path: Path) -> None:
     (venv / "bin").mkdir(parents=True)
 
     def dry_run() -> str:
-        command = ["make", "-n", "kernel", f"VENV={venv}"]
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        command = ["make", "--no-print-directory", "-n", "kernel", f"VENV={venv}"]
+        # Under `make test` the parent make's flags would leak in; this asks a top-level make.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env)
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
