@@ -116,7 +116,12 @@ def stage(tmp_path: Path) -> Callable[..., Stage]:
         policy = tmp_path / "policy.yaml"
         write_policy(policy, {"replay": {"max_new_tokens": 8}, "gate": {"min_prompts": 4}})
         full_env = {
+            # Hermetic: none of the caller's KDTREE_* settings, nor a parent make's flags
+            # (under `make test`), reach the make we run.
             **{k: v for k, v in os.environ.items() if not k.startswith("KDTREE_")},
+            "MAKEFLAGS": "",
+            "MFLAGS": "",
+            "MAKELEVEL": "",
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
             "FAKE_DOCKER_STATE": str(tmp_path / "docker"),
             "FAKE_DOCKER_URLS": json.dumps(urls),
