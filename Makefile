@@ -4,7 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint
+.PHONY: help setup test lint
+
+## help: list the make targets
+help:
+	@grep -E '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
 
 ## setup: create .venv with torch, sglang (no-deps + light imports), dev tools, kdtree packages
 setup: $(VENV)/.setup-done
@@ -83,7 +87,7 @@ BENCH_OUT ?= bench/results/local.json
 
 .PHONY: kernel ptxas bench
 
-## kernel: build the CUDA extension (needs a full CUDA toolkit; loads on first use if you skip this)
+## kernel: build the CUDA extension for KDTREE_CUDA_ARCHS (needs nvcc; KDTREE_BUILD_WITHOUT_GPU=1 where there is no GPU)
 kernel: setup
 	$(PY) -m kdtree_verify._build
 
