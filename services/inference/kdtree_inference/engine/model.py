@@ -220,4 +220,6 @@ class TinyMLAModel:
             gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
             x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
         x = _rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
-        return (x @ w["lm_head.weight"].T).float()
+        # Logits in float32 from the bf16 hidden state: bf16 logits are quantized to
+        # 1/16 at this scale, which would turn many greedy choices into exact ties.
+        return x.float() @ w["lm_head.weight"].float().T
