@@ -132,22 +132,18 @@ def _verify_attention_op(
     )
 
 
-@_verify_attention_op.register_kernel("cpu")
-def _verify_attention_cpu(
-    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-    custom_mask, mask_indptr, sm_scale, chunk_size,
-):  # fmt: skip
-    return split_kv_verify_cpu(
-        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, chunk_size,
-    )  # fmt: skip
+# The CPU implementation is the specification itself, registered as is.
+_verify_attention_op.register_kernel("cpu")(split_kv_verify_cpu)
+
+
+def _empty_outputs(q: torch.Tensor, v_buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = q.new_empty(*q.shape[:2], v_buffer.shape[-1])
+    lse = q.new_empty(q.shape[:2], dtype=torch.float32)
+    return out, lse
 
 
 @_verify_attention_op.register_kernel("cuda")
-def _verify_attention_cuda(
-    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-    custom_mask, mask_indptr, sm_scale, chunk_size,
-):  # fmt: skip
+def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
     from . import cuda as cuda_impl
 
     run = getattr(cuda_impl, "verify_attention_cuda", None)
@@ -156,23 +152,16 @@ def _verify_attention_cuda(
             "kdtree_verify: the CUDA kernel is not available in this build "
             "(kdtree_verify.cuda.verify_attention_cuda is missing); build it with `make kernel`"
         )
-    out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    run(
-        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, causal=custom_mask is None, out=out, lse=lse,
-    )  # fmt: skip
+    *op_args, _chunk_size = args  # the kernel plans its own split size
+    q, v_buffer, custom_mask = op_args[0], op_args[4], op_args[8]
+    out, lse = _empty_outputs(q, v_buffer)
+    run(*op_args, causal=custom_mask is None, out=out, lse=lse)
     return out, lse
 
 
 @_verify_attention_op.register_fake
-def _verify_attention_fake(
-    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-    custom_mask, mask_indptr, sm_scale, chunk_size,
-):  # fmt: skip
-    out = q.new_empty(*q.shape[:2], v_buffer.shape[-1])
-    lse = q.new_empty(q.shape[:2], dtype=torch.float32)
-    return out, lse
+def _verify_attention_fake(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return _empty_outputs(args[0], args[4])
 
 
 def verify_attention(
