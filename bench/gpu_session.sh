@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the memcheck
 # subset and the benchmark, keeping every raw log under $OUT (default bench/results/run).
-# Usage (on the GPU machine, repo root): bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile]
+# Usage (on the GPU machine, repo root):
+#   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune]
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
 # op-vs-triton parity over 100 prompts (issues 4 and 5). profile: Nsight Compute on the attention
-# kernel at B=1, H=8, T=8, prefix 32k (where the time goes; see bench/README.md).
+# kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
+# 32k), plus the duration of each of the three kernels of one call. tune: the kernel tests, our
+# kernel alone over the whole grid (no baselines) and the profile: one kernel-tuning iteration.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
@@ -39,11 +42,27 @@ if [[ $what == serving ]]; then
   python3 -m kdtree_inference.engine.gpu_parity --prompts 100 --out "$OUT/engine_gpu_parity.json" 2>&1 | tee "$OUT/engine_gpu_parity.log"
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
-if [[ $what == profile ]]; then
-  ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    python3 bench/profile_kernel.py --batch 1 --heads 8 --draft 8 --prefix 32768 2>&1 | tee "$OUT/ncu_attention.log"
+if [[ $what == tune ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_kernel.log"
   rc=$((rc | ${PIPESTATUS[0]}))
+  python3 bench/kernel_bench.py --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+fi
+if [[ $what == profile || $what == tune ]]; then
+  for shape in "1 8 8 32768" "1 128 16 32768"; do
+    read -r b h t l <<<"$shape"
+    ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" \
+      >"$OUT/ncu_attention_B${b}_H${h}_T${t}_L${l}.log" 2>&1
+    rc=$((rc | $?))
+    ncu --clock-control none --kernel-name regex:"plan_kernel|attention_kernel|combine_kernel" \
+      --launch-skip 6 --launch-count 3 --section SpeedOfLight \
+      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" 2>&1 \
+      | grep -E "^  [a-z_ ]+|Duration" | tee "$OUT/ncu_kernels_B${b}_H${h}_T${t}_L${l}.log"
+  done
+  grep -h -E "Duration|Eligible Warps|Issued Warp|Warp Cycles Per Issued|Registers|Achieved Occ|DRAM Through|Compute \(SM\)" "$OUT"/ncu_attention_*.log
 fi
 exit $rc

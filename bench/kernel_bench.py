@@ -1,8 +1,10 @@
 """Kernel benchmark: kdtree's CUDA verify kernel vs SGLang's Triton kernels on the same inputs.
 
 Contenders per shape (one GPU, bf16, DeepSeek-V3 MLA dims, fragmented kv_indices):
-- kdtree        ``kdtree_verify.cuda.verify_attention_cuda`` (plan + attention + combine), random
-                tree mask;
+- kdtree        ``kdtree_verify.cuda.verify_attention_cuda``: one layer call (attention + combine
+                kernels) with the plan made once per forward, as the SGLang backend runs it:
+                ``kdtree_us = kdtree_layer_us + kdtree_plan_us / 61`` (DeepSeek-V3's layers), both
+                parts timed and recorded; random tree mask;
 - triton_extend SGLang 0.5.23 ``extend_attention_fwd`` (what SGLang runs on NVIDIA), same tree;
 - triton_shared_kv SGLang ``verify_shared_kv_fwd`` (chain/causal masks only; null where it
                 declines);
@@ -14,7 +16,13 @@ Timing: each contender is captured in a CUDA graph as K calls (K = 1..10, so tha
 timed too and subtracted, so the figure is the per-call time with a cold L2, as in a real forward
 where 61 layers stream their KV. Median of 5 replays (2-3 for the slow baselines).
 
-Usage: python bench/kernel_bench.py [--out bench/results/h200.json] [--quick]
+Usage: python bench/kernel_bench.py [--out bench/results/h200.json] [--quick] [--kdtree-only]
+                                   [--part K/N]
+       python bench/kernel_bench.py --merge part1.json part2.json ... --out bench/results/h200.json
+``--part K/N`` runs every N-th grid shape starting at the K-th (the Triton baselines compile per
+shape, so the whole grid with baselines takes longer than one 10-minute GPU command);
+``--merge`` joins the parts into one result (ceilings from the first part, records in grid order).
+``--kdtree-only`` skips the baselines (for tuning runs).
 """
 
 from __future__ import annotations
@@ -42,10 +50,51 @@ GRID_T = (8, 16, 32)
 GRID_PREFIX = (4096, 32768, 131072)
 EXTEND_MAX_B_X_PREFIX = 262_144  # above this the Triton extend kernel takes seconds per shape
 REFERENCE_MAX_WORK = 1 * 16 * 16 * 32768
+LAYERS = 61
+"""DeepSeek-V3's layers: the SGLang backend plans once per forward and every layer reuses it."""
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def grid_shapes() -> list[tuple[int, int, int, int]]:
+    """The issue's grid as (B, H, T, prefix), in the order records are written."""
+    return [(B, H, T, P) for B in GRID_B for H in GRID_H for T in GRID_T for P in GRID_PREFIX]
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, e.g. 1/2; got {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"need 1 <= K <= N; got {text!r}")
+    return k, n
+
+
+def merge_parts(paths: list[str], out: str) -> Path:
+    """Join --part results into one: records in grid order, the first part's ceilings and
+    metadata, `complete` only if every part completed, and the summary recomputed."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    order = {shape: i for i, shape in enumerate(grid_shapes())}
+    records = sorted(
+        (r for part in parts for r in part["records"]),
+        key=lambda r: order.get((r["B"], r["H"], r["T"], r["prefix"]), len(order)),
+    )
+    merged = dict(parts[0])
+    merged["parts"] = [
+        {"file": Path(p).name, "ceilings": part["ceilings"], "complete": part["complete"]}
+        for p, part in zip(paths, parts, strict=True)
+    ]
+    merged["complete"] = all(part["complete"] for part in parts)
+    merged["records"] = records
+    merged["summary"] = summarize(records)
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(merged, indent=1) + "\n")
+    return out_path
 
 
 class Timer:
@@ -249,7 +298,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results/h200.json")
     parser.add_argument("--quick", action="store_true", help="a 4-shape smoke run")
+    parser.add_argument("--kdtree-only", action="store_true", help="skip the Triton baselines")
+    parser.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N")
+    parser.add_argument("--merge", nargs="+", metavar="PART_JSON", help="join --part results")
     args = parser.parse_args()
+    if args.merge:
+        out_path = merge_parts(args.merge, args.out)
+        log(f"wrote {out_path}")
+        return 0
     if not torch.cuda.is_available():
         print("kernel_bench: needs a CUDA device", file=sys.stderr)
         return 2
@@ -260,15 +316,19 @@ def main() -> int:
     except ImportError as exc:  # the run is still useful without the baselines; say so
         log(f"SGLang kernels unavailable ({exc}); baselines will be null")
         extend_attention_fwd = verify_shared_kv_fwd = None
+    if args.kdtree_only:
+        extend_attention_fwd = verify_shared_kv_fwd = None
 
     props = torch.cuda.get_device_properties(0)
     log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
     ceilings = measure_ceilings()
     log(f"ceilings: {ceilings}")
     sm_scale = deepseek_v3_sm_scale()
-    shapes = [(B, H, T, P) for B in GRID_B for H in GRID_H for T in GRID_T for P in GRID_PREFIX]
+    shapes = grid_shapes()
     if args.quick:
         shapes = [(1, 8, 8, 32768), (1, 16, 16, 131072), (8, 16, 16, 4096), (1, 128, 32, 32768)]
+    k, n = args.part
+    shapes = shapes[k - 1 :: n]
     gen = torch.Generator(device="cuda").manual_seed(0)
     pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
     log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
@@ -283,16 +343,21 @@ def main() -> int:
         lse = torch.empty(total_q, H, dtype=torch.float32, device="cuda")
         plan = make_plan(B, H, total_q, "cuda")
 
-        def kdtree_call(inp=inp, out=out, lse=lse, plan=plan):
+        def plan_call(inp=inp, plan=plan):
             plan.update(inp["qo_indptr"], inp["kv_indptr"], inp["mask_indptr"])
+
+        def kdtree_call(inp=inp, out=out, lse=lse, plan=plan):
             verify_attention_cuda(
                 inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, inp["qo_indptr"],
                 inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
                 False, out, lse, plan=plan,
             )  # fmt: skip
 
+        plan_call()
         rec = {"B": B, "H": H, "T": T, "prefix": P, "mask": "tree"}
-        rec["kdtree_us"] = round(timer.per_call_us(kdtree_call), 2)
+        rec["kdtree_layer_us"] = round(timer.per_call_us(kdtree_call), 2)
+        rec["kdtree_plan_us"] = round(timer.per_call_us(plan_call), 2)
+        rec["kdtree_us"] = round(rec["kdtree_layer_us"] + rec["kdtree_plan_us"] / LAYERS, 2)
         nbytes, flops, ideal_us = roofline(B, H, T, P, ceilings)
         rec.update(
             bytes=nbytes,
@@ -354,7 +419,8 @@ def main() -> int:
             rec["reference_us"] = round((time.perf_counter() - t0) * 1e6, 1)
         records.append(rec)
         log(
-            f"B={B:3d} H={H:3d} T={T:3d} prefix={P:6d}  kdtree {rec['kdtree_us']:9.2f} us  "
+            f"B={B:3d} H={H:3d} T={T:3d} prefix={P:6d}  kdtree {rec['kdtree_us']:9.2f} us "
+            f"(layer {rec['kdtree_layer_us']:.2f} plan {rec['kdtree_plan_us']:.2f})  "
             f"ideal {rec['ideal_us']:8.2f} us  eff {rec['roofline_efficiency']:.3f}  "
             f"{rec['effective_TBps']:.2f} TB/s {rec['TFLOPs']:.0f} TF/s  "
             f"extend {rec['triton_extend_us']}  shared_kv {rec['triton_shared_kv_us']}  "

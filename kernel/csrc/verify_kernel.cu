@@ -113,9 +113,9 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void group_barrier(int group) {
-  // Named barrier per 16-row group (ids 1..kRowGroups; 0 is __syncthreads).
-  asm volatile("bar.sync %0, %1;\n" ::"r"(group + 1), "r"(kWarpsPerGroup * 32) : "memory");
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ uint32_t load_u32(const void* p) {
@@ -123,19 +123,30 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Plan: one CTA. Two passes over the requests (each thread owns a contiguous run of requests):
-// pass 1 counts row tiles / mask sizes / work, a block scan turns counts into offsets, pass 2
-// writes RequestMeta and the row-tile table. The KV split size ("chunk") is uniform over the
-// batch: total work / target CTAs, at least ceil(max_len / max_splits), rounded to kBlockN.
-constexpr int kPlanThreads = 1024;
+// Plan: one CTA of 256 threads, each owning a contiguous run of requests. Pass 1 counts row
+// tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
+// turns counts into offsets (a single __syncthreads); pass 2 writes RequestMeta and the row-tile
+// table. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
+// least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
+// the whole kernel is a few dependent global round trips.
+constexpr int kPlanThreads = 256;
+constexpr int kPlanWarps = kPlanThreads / 32;
+
+__device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int64_t o = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += o;
+  }
+  return v;
+}
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p) {
-  __shared__ int64_t s_tiles[kPlanThreads];
-  __shared__ int64_t s_mask[kPlanThreads];
-  __shared__ int64_t s_work[kPlanThreads / 32];
-  __shared__ int64_t s_maxlen[kPlanThreads / 32];
-  __shared__ int s_chunk;
+  __shared__ int64_t s_tiles[kPlanWarps], s_mask[kPlanWarps], s_work[kPlanWarps];
+  __shared__ int64_t s_maxlen[kPlanWarps];
   const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
   const int B = p.batch;
   const int H = p.num_heads;
   const int per = (B + kPlanThreads - 1) / kPlanThreads;
@@ -160,49 +171,43 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
     my_work += tiles * len;
     if (tiles > 0 && len > my_maxlen) my_maxlen = len;
   }
-  s_tiles[tid] = my_tiles;
-  s_mask[tid] = my_mask;
-  // Warp-level reductions of work (sum) and max length.
+  const int64_t tiles_incl = warp_inclusive_scan(my_tiles, lane);
+  const int64_t mask_incl = warp_inclusive_scan(my_mask, lane);
   int64_t w = my_work, mx = my_maxlen;
+#pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     w += __shfl_xor_sync(0xffffffffu, w, off);
     const int64_t o = __shfl_xor_sync(0xffffffffu, mx, off);
     mx = o > mx ? o : mx;
   }
-  if ((tid & 31) == 0) {
-    s_work[tid >> 5] = w;
-    s_maxlen[tid >> 5] = mx;
+  if (lane == 31) {
+    s_tiles[warp] = tiles_incl;
+    s_mask[warp] = mask_incl;
+  }
+  if (lane == 0) {
+    s_work[warp] = w;
+    s_maxlen[warp] = mx;
   }
   __syncthreads();
-  // Inclusive Hillis-Steele scan of tiles and mask sizes (1024 entries, 10 steps).
-  for (int off = 1; off < kPlanThreads; off <<= 1) {
-    const int64_t a = tid >= off ? s_tiles[tid - off] : 0;
-    const int64_t c = tid >= off ? s_mask[tid - off] : 0;
-    __syncthreads();
-    s_tiles[tid] += a;
-    s_mask[tid] += c;
-    __syncthreads();
-  }
-  if (tid == 0) {
-    int64_t total_work = 0, max_len = 0;
-    for (int i = 0; i < kPlanThreads / 32; ++i) {
-      total_work += s_work[i];
-      max_len = s_maxlen[i] > max_len ? s_maxlen[i] : max_len;
+  int64_t tile_pos = tiles_incl - my_tiles, mask_pos = mask_incl - my_mask;
+  int64_t total_tiles = 0, total_work = 0, max_len = 0;
+#pragma unroll
+  for (int i = 0; i < kPlanWarps; ++i) {
+    if (i < warp) {
+      tile_pos += s_tiles[i];
+      mask_pos += s_mask[i];
     }
-    const int64_t target = p.target_ctas > 0 ? p.target_ctas : 1;
-    int64_t chunk = (total_work + target - 1) / target;
-    const int64_t by_cap = (max_len + p.max_splits - 1) / p.max_splits;
-    chunk = chunk > by_cap ? chunk : by_cap;
-    chunk = chunk > kChunkMinTokens ? chunk : kChunkMinTokens;
-    chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
-    s_chunk = static_cast<int>(chunk);
-    *p.chunk = static_cast<int32_t>(chunk);
+    total_tiles += s_tiles[i];
+    total_work += s_work[i];
+    max_len = s_maxlen[i] > max_len ? s_maxlen[i] : max_len;
   }
-  __syncthreads();
-  const int64_t chunk = s_chunk;
-  int64_t tile_pos = s_tiles[tid] - my_tiles;
-  int64_t mask_pos = s_mask[tid] - my_mask;
-  const int64_t total_tiles = s_tiles[kPlanThreads - 1];
+  const int64_t target = p.target_ctas > 0 ? p.target_ctas : 1;
+  int64_t chunk = (total_work + target - 1) / target;
+  const int64_t by_cap = (max_len + p.max_splits - 1) / p.max_splits;
+  chunk = chunk > by_cap ? chunk : by_cap;
+  chunk = chunk > kChunkMinTokens ? chunk : kChunkMinTokens;
+  chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  if (tid == 0) *p.chunk = static_cast<int32_t>(chunk);
   for (int b = b_begin; b < b_end; ++b) {
     int64_t n, L;
     request_shape(b, n, L);
@@ -237,13 +242,31 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
 __device__ __forceinline__ uint32_t kv_offset(int row, int chunk) {
   return row * kKvRowBytes + ((chunk ^ (row & 7)) << 4);
 }
+// Byte offset of 16-byte chunk `chunk` (4 per row) of P row `row`: rows are 64 B, so the chunk is
+// XOR-swizzled with (row / 2) & 3 to spread the 8 rows of an ldmatrix over 8 bank groups.
+__device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
+  return row * (kBlockN * 2) + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
 
+// Work of one CTA: KV tokens [kv_begin, kv_end) of request `meta`'s virtual sequence for its
+// 32 rows (row tile `mt`). Warp roles (see verify_config.h):
+//   S phase   warp (half, quarter): S[32 rows, 16 tokens of its half] over its 144 dims;
+//             then piece (quarter / 2 = m-tile, quarter % 2 = n8 tile) of its half is reduced
+//             over the 4 quarters, turned into P and written to shared memory as bf16/fp16.
+//   PV phase  warp w: O[32 rows, V columns 64w..64w+63] += P V.
+// Softmax statistics: every thread keeps the running max m_run of its 4 O rows (identical in all
+// warps: they are updated only from the shared per-piece maxima, in the same order), and the
+// running sum l_run of the 2 rows of its piece (summed over the pieces in the epilogue).
 template <typename Elem>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
-  constexpr int kNT = kBlockN / 8;         // n8 tiles of S per warp
   constexpr int kLoadThreadsPerRow = kThreads / kBlockN;
-  constexpr int kLoadIters = (kKvRowChunks + kLoadThreadsPerRow - 1) / kLoadThreadsPerRow;
+  constexpr int kKLoads = kKvRowChunks / kLoadThreadsPerRow;  // 16-byte copies per thread
+  constexpr int kVLoads = (kHeadDimV / 8) / kLoadThreadsPerRow;
+  constexpr int kKSteps = kQkSlice / 16;
+  constexpr int kVTiles = kVSlice / 8;
   static_assert(kThreads % kBlockN == 0 && kBlockN % 16 == 0, "loader / MMA tiling");
+  static_assert(kKvRowChunks % kLoadThreadsPerRow == 0 && kLoadThreadsPerRow == 8,
+                "each loader thread copies whole chunks at a constant swizzled stride");
   extern __shared__ __align__(128) uint8_t smem[];
   const int slot = blockIdx.x;
   const int split = blockIdx.y;
@@ -262,26 +285,31 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const int group = warp / kWarpsPerGroup;
-  const int quarter = warp % kWarpsPerGroup;
+  const int half = warp / kDimSplits;
+  const int quarter = warp % kDimSplits;
+  const int piece_mi = quarter >> 1;  // m-tile of this warp's S piece
+  const int piece_nt = quarter & 1;   // n8 tile (within the token half) of the piece
   const int H = p.num_heads;
   const int rows = meta.num_q * H;
 
-  // The two rows this thread holds in the MMA fragment layouts (lane/4 and lane/4 + 8).
-  int row_local[2], row_t[2], row_h[2];
-  bool row_valid[2];
+  // The 4 rows this thread holds in the MMA fragment layouts: r = mi * 2 + h is row
+  // mi * 16 + lane / 4 + 8 h. Its piece rows are r = piece_mi * 2 + {0, 1}.
+  int row_t[4], row_h[4];
+  bool row_valid[4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_local[i] = group * 16 + (lane >> 2) + 8 * i;
-    const int m = mt * kBlockM + row_local[i];
-    row_valid[i] = m < rows;
-    row_t[i] = row_valid[i] ? m / H : 0;
-    row_h[i] = row_valid[i] ? m % H : 0;
+  for (int r = 0; r < 4; ++r) {
+    const int m = mt * kBlockM + (r >> 1) * 16 + (lane >> 2) + 8 * (r & 1);
+    row_valid[r] = m < rows;
+    row_t[r] = row_valid[r] ? m / H : 0;
+    row_h[r] = row_valid[r] ? m % H : 0;
   }
 
-  // Loader mapping: kLoadThreadsPerRow threads per KV row, 16-byte chunks strided by that count.
+  // Loader mapping: 8 threads per KV row; thread `ld_sub` copies chunks ld_sub + 8 i. Because
+  // the swizzle only permutes the low 3 bits of the chunk index, those copies land at a constant
+  // 128-byte stride from one swizzled base, so the copy loop needs no per-chunk address math.
   const int ld_row = tid / kLoadThreadsPerRow;
   const int ld_sub = tid % kLoadThreadsPerRow;
+  const uint32_t ld_dst = kv_offset(ld_row, ld_sub);
   const Elem* k_buf = reinterpret_cast<const Elem*>(p.k_buf);
   const Elem* v_buf = reinterpret_cast<const Elem*>(p.v_buf);
   const Elem* k_ext = reinterpret_cast<const Elem*>(p.k_ext);
@@ -292,8 +320,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     bool valid;
   };
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint8_t* idx_ring = smem + kStages * kKvStageBytes + kXchBytes;
-  const uint32_t idx_ring_smem = smem_base + kStages * kKvStageBytes + kXchBytes;
+  const uint8_t* idx_ring = smem + kIdxRingOffset;
+  const uint32_t idx_ring_smem = smem_base + kIdxRingOffset;
   // Source rows of this thread's KV row in `tile`; the prefix index comes from the ring
   // (from_ring) or straight from global memory (pipeline prologue and the separate-V path).
   auto resolve = [&](int tile, bool from_ring) -> Src {
@@ -304,9 +332,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
       if (j < L) {
         int64_t idx;
         if (from_ring) {
-          const uint8_t* slot = idx_ring + (tile % kIdxRing) * kIdxSlotBytes;
-          idx = p.kv_indices_64 ? reinterpret_cast<const int64_t*>(slot)[ld_row]
-                                : reinterpret_cast<const int32_t*>(slot)[ld_row];
+          const uint8_t* ring_slot = idx_ring + (tile % kIdxRing) * kIdxSlotBytes;
+          idx = p.kv_indices_64 ? reinterpret_cast<const int64_t*>(ring_slot)[ld_row]
+                                : reinterpret_cast<const int32_t*>(ring_slot)[ld_row];
         } else {
           idx = load_index(p.kv_indices, p.kv_indices_64, meta.kv_start + j);
         }
@@ -334,251 +362,324 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     }
   };
   auto issue_k = [&](int stage, const Src& s) {
-    const uint32_t dst = smem_base + stage * kKvStageBytes;
+    const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
+    const Elem* src = s.k + ld_sub * 8;
 #pragma unroll
-    for (int i = 0; i < kLoadIters; ++i) {
-      const int c = ld_sub + kLoadThreadsPerRow * i;
-      if (c < kKvRowChunks)
-        cp_async_16(dst + kv_offset(ld_row, c), s.k + c * 8, s.valid ? 16 : 0);
-    }
+    for (int i = 0; i < kKLoads; ++i) cp_async_16(dst + i * 128, src + i * 64, s.valid ? 16 : 0);
   };
   auto issue_v = [&](int stage, const Src& s) {
-    const uint32_t dst = smem_base + stage * kKvStageBytes;
+    const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
+    const Elem* src = s.v + ld_sub * 8;
 #pragma unroll
-    for (int i = 0; i < kLoadIters; ++i) {
-      const int c = ld_sub + kLoadThreadsPerRow * i;
-      if (c < kHeadDimV / 8)
-        cp_async_16(dst + kv_offset(ld_row, c), s.v + c * 8, s.valid ? 16 : 0);
-    }
+    for (int i = 0; i < kVLoads; ++i) cp_async_16(dst + i * 128, src + i * 64, s.valid ? 16 : 0);
   };
 
-  // Start the KV pipeline first (kStages - 1 tiles), then load Q while those copies fly.
-  // Group t carries KV tile t and the indices of tile t + kStages - 1; iteration `it` then issues
-  // KV tile it + kStages - 1 (indices landed with group it) and the indices of it + 2(kStages-1).
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < n_tiles) issue_k(t, resolve(t, false));
-    issue_idx(t + kStages - 1);
-    cp_async_commit();
-  }
+  // Prologue: KV tile 0 (indices read directly) and the indices of tile 1 form the first
+  // cp.async group; iteration `it` then issues KV tile it + 1 (its indices landed with the group
+  // waited on at the top of the iteration) and the indices of tile it + 2.
+  static_assert(kStages == 2, "the pipeline below prefetches exactly one tile ahead");
+  issue_k(0, resolve(0, false));
+  issue_idx(1);
+  cp_async_commit();
 
-  // Q fragments (A operand, 16 rows x this warp's 144 columns) straight from global memory.
+  // Q fragments (A operand: 32 rows x this warp's 144 columns) straight from global memory,
+  // while the first KV tile is in flight.
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
-  uint32_t qf[kQkSlice / 16][4];
-  {
+  uint32_t qf[kMTiles][kKSteps][4];
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
     const Elem* qrow[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      qrow[i] = q + static_cast<int64_t>(meta.qo_start + row_t[i]) * p.q_stride_tok +
-                static_cast<int64_t>(row_h[i]) * p.q_stride_head;
+    for (int h = 0; h < 2; ++h) {
+      const int r = mi * 2 + h;
+      qrow[h] = q + static_cast<int64_t>(meta.qo_start + row_t[r]) * p.q_stride_tok +
+                static_cast<int64_t>(row_h[r]) * p.q_stride_head;
+    }
 #pragma unroll
-    for (int kk = 0; kk < kQkSlice / 16; ++kk) {
+    for (int kk = 0; kk < kKSteps; ++kk) {
       const int d = quarter * kQkSlice + kk * 16 + (lane & 3) * 2;
-      qf[kk][0] = row_valid[0] ? load_u32(qrow[0] + d) : 0u;
-      qf[kk][1] = row_valid[1] ? load_u32(qrow[1] + d) : 0u;
-      qf[kk][2] = row_valid[0] ? load_u32(qrow[0] + d + 8) : 0u;
-      qf[kk][3] = row_valid[1] ? load_u32(qrow[1] + d + 8) : 0u;
+      qf[mi][kk][0] = row_valid[mi * 2] ? load_u32(qrow[0] + d) : 0u;
+      qf[mi][kk][1] = row_valid[mi * 2 + 1] ? load_u32(qrow[1] + d) : 0u;
+      qf[mi][kk][2] = row_valid[mi * 2] ? load_u32(qrow[0] + d + 8) : 0u;
+      qf[mi][kk][3] = row_valid[mi * 2 + 1] ? load_u32(qrow[1] + d + 8) : 0u;
     }
   }
 
-  float4* xch = reinterpret_cast<float4*>(smem + kStages * kKvStageBytes);
+  float4* xch = reinterpret_cast<float4*>(smem + kXchOffset);
+  const uint32_t p_smem = smem_base + kPOffset;
+  float* row_stat = reinterpret_cast<float*>(smem + kRowStatOffset);  // [kBlockM][kPiecesPerRow]
+  const int piece = half * 2 + piece_nt;                               // this warp's stat column
+  // The piece's rows (r = piece_mi * 2 + h), selected without runtime array indexing (which
+  // would put the arrays in local memory).
+  auto piece_of = [&](const auto (&v)[4], int h) { return piece_mi ? v[2 + h] : v[h]; };
+  int piece_row_t[2];
+  bool piece_row_valid[2];
   const uint8_t* mask_row[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-    mask_row[i] = p.mask != nullptr
-                      ? p.mask + meta.mask_start + static_cast<int64_t>(row_t[i]) * len
+  for (int h = 0; h < 2; ++h) {
+    piece_row_t[h] = piece_of(row_t, h);
+    piece_row_valid[h] = piece_of(row_valid, h);
+    mask_row[h] = p.mask != nullptr
+                      ? p.mask + meta.mask_start + static_cast<int64_t>(piece_row_t[h]) * len
                       : nullptr;
+  }
 
-  float o[kVSlice / 8][4];
+  float o[kMTiles][kVTiles][4];
 #pragma unroll
-  for (int nt = 0; nt < kVSlice / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-  float m_run[2] = {neg_inf(), neg_inf()};
-  float l_run[2] = {0.f, 0.f};
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < kVTiles; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
+  float m_run[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // log2 domain, scaled scores
+  float l_run[2] = {0.f, 0.f};                                     // piece rows, this thread's share
+  const float scale = p.scale_log2;  // > 0 (validated), so max(s) * scale = max(s * scale)
 
-  int stage = 0;
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kStages - 2>();  // tile `it` has landed (this thread's copies)
-    __syncthreads();  // ... everyone's copies; and everyone is done with tile it-1's stage
-    {
-      // Refill the stage tile it-1 used with tile it + kStages - 1.
-      const int fill = stage == 0 ? kStages - 1 : stage - 1;
-      if (it + kStages - 1 < n_tiles) issue_k(fill, resolve(it + kStages - 1, true));
-      issue_idx(it + 2 * (kStages - 1));
-      cp_async_commit();
-    }
+    const int stage = it & 1;
+    cp_async_wait<0>();  // tile `it` and the indices of it + 1 have landed (this thread's copies)
+    __syncthreads();     // ... everyone's; and everyone is done with tile it - 1 (stage, P)
+    if (it + 1 < n_tiles) issue_k(stage ^ 1, resolve(it + 1, true));
+    issue_idx(it + 2);
+    cp_async_commit();
 
     const uint32_t kv_smem = smem_base + stage * kKvStageBytes;
-    // ---- partial S over this warp's 144 columns.
-    float s[kNT][4];
+    // ---- partial S[32 rows, 16 tokens of this half] over this warp's 144 columns: 4
+    // independent accumulator chains; each K fragment feeds both m-tiles.
+    float s[kMTiles][2][4];
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-    for (int kk = 0; kk < kQkSlice / 16; ++kk) {
-      const int c = (quarter * kQkSlice + kk * 16) / 8 + ((lane >> 3) & 1);
+      for (int n = 0; n < 2; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
+    {
+      const int tok = half * kHalfN + (lane & 7) + ((lane >> 4) << 3);
 #pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        const int tok = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        const int c = (quarter * kQkSlice + kk * 16) / 8 + ((lane >> 3) & 1);
         uint32_t r[4];
         ldmatrix_x4(r, kv_smem + kv_offset(tok, c));
-        ElemOps<Elem>::mma(s[2 * np], qf[kk], r[0], r[1]);
-        ElemOps<Elem>::mma(s[2 * np + 1], qf[kk], r[2], r[3]);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          ElemOps<Elem>::mma(s[mi][0], qf[mi][kk], r[0], r[1]);
+          ElemOps<Elem>::mma(s[mi][1], qf[mi][kk], r[2], r[3]);
+        }
       }
     }
-    // ---- sum the group's 4 partial S tiles through shared memory.
+    // ---- reduce this warp's piece over the 4 quarters of its half (fixed order).
 #pragma unroll
-    for (int n = 0; n < kNT; ++n)
-      xch[(warp * kNT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
-    group_barrier(group);
+    for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int n = 0; n < 2; ++n)
+        xch[((warp * kMTiles + mi) * 2 + n) * 32 + lane] =
+            make_float4(s[mi][n][0], s[mi][n][1], s[mi][n][2], s[mi][n][3]);
+    named_barrier(1 + half, kDimSplits * 32);
+    float sp[4];
+    {
+      float4 acc = xch[(((half * kDimSplits) * kMTiles + piece_mi) * 2 + piece_nt) * 32 + lane];
 #pragma unroll
-      for (int w = 0; w < kWarpsPerGroup; ++w) {
-        const float4 v = xch[((group * kWarpsPerGroup + w) * kNT + n) * 32 + lane];
+      for (int w = 1; w < kDimSplits; ++w) {
+        const float4 v =
+            xch[(((half * kDimSplits + w) * kMTiles + piece_mi) * 2 + piece_nt) * 32 + lane];
         acc.x += v.x;
         acc.y += v.y;
         acc.z += v.z;
         acc.w += v.w;
       }
-      s[n][0] = acc.x;
-      s[n][1] = acc.y;
-      s[n][2] = acc.z;
-      s[n][3] = acc.w;
+      sp[0] = acc.x;
+      sp[1] = acc.y;
+      sp[2] = acc.z;
+      sp[3] = acc.w;
     }
 
-    // ---- scale (log2 domain) and mask: prefix columns are all visible; draft columns follow
-    // the tree mask (or causal order); columns past this split's end are invisible.
+    // ---- mask the piece: prefix columns are all visible; draft columns follow the tree mask
+    // (or causal order); columns past this split's end are invisible. Only the tiles at the end
+    // of a split or in the draft block need it.
     const int tile_start = kv_begin + it * kBlockN;
-    const bool needs_mask = tile_start + kBlockN > min(L, kv_end);
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
+    const int piece_col = tile_start + half * kHalfN + piece_nt * 8 + (lane & 3) * 2;
+    if (tile_start + kBlockN > min(L, kv_end)) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = s[n][e] * p.scale_log2;
-        if (needs_mask) {
-          const int j = tile_start + n * 8 + (lane & 3) * 2 + (e & 1);
-          const int i = e >> 1;
-          bool visible;
-          if (j >= kv_end) {
-            visible = false;
-          } else if (j < L || !row_valid[i]) {
-            visible = true;
-          } else if (mask_row[i] != nullptr) {
-            visible = mask_row[i][j] != 0;
-          } else {
-            visible = (j - L) <= row_t[i];
-          }
-          if (!visible) v = neg_inf();
+        const int j = piece_col + (e & 1);
+        const int h = e >> 1;
+        bool visible;
+        if (j >= kv_end) {
+          visible = false;
+        } else if (j < L || !piece_row_valid[h]) {
+          visible = true;
+        } else if (mask_row[h] != nullptr) {
+          visible = mask_row[h][j] != 0;
+        } else {
+          visible = (j - L) <= piece_row_t[h];
         }
-        s[n][e] = v;
+        if (!visible) sp[e] = neg_inf();
       }
     }
 
-    // ---- online softmax (identical in the 4 warps of a group).
-    float alpha[2];
+    // ---- P against the running max. The max is lazy: it only moves (and O and l are only
+    // rescaled) when some score of the CTA's tile exceeds it by more than 2^kRescaleLog2; the
+    // vote rides on the barrier that publishes P.
+    bool grow = false;
+    float pv[4];
+    auto compute_p = [&]() {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = neg_inf();
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[i], mx);
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;  // a fully masked row so far
-      alpha[i] = fast_exp2(m_run[i] - m_use);
-      m_run[i] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        s[n][2 * i] = fast_exp2(s[n][2 * i] - m_use);
-        s[n][2 * i + 1] = fast_exp2(s[n][2 * i + 1] - m_use);
-        sum += s[n][2 * i] + s[n][2 * i + 1];
+      for (int h = 0; h < 2; ++h) {
+        const float m = piece_of(m_run, h);
+        const float m_use = m == neg_inf() ? 0.f : m;  // a fully masked row so far
+        pv[2 * h] = fast_exp2(fmaf(sp[2 * h], scale, -m_use));
+        pv[2 * h + 1] = fast_exp2(fmaf(sp[2 * h + 1], scale, -m_use));
       }
-      l_run[i] = l_run[i] * alpha[i] + sum;
-    }
+    };
 #pragma unroll
-    for (int nt = 0; nt < kVSlice / 8; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
+    for (int h = 0; h < 2; ++h) {
+      const float limit = piece_of(m_run, h) + kRescaleLog2;
+      grow |= fmaxf(sp[2 * h], sp[2 * h + 1]) * scale > limit;
     }
+    compute_p();
+    auto store_p = [&]() {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = piece_mi * 16 + (lane >> 2) + 8 * h;
+        const int col = half * kHalfN + piece_nt * 8 + (lane & 3) * 2;  // token in the tile
+        const uint32_t addr = p_smem + p_offset(row, col / 8) + (col % 8) * 2;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
+                     "r"(ElemOps<Elem>::pack(pv[2 * h], pv[2 * h + 1]))
+                     : "memory");
+      }
+    };
+    store_p();
+    if (__syncthreads_or(grow)) {
+      // Rare (the first tile of a CTA, then only when scores jump): publish the piece row maxima,
+      // move every row's max to the tile's, rescale O and l, and redo P.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(sp[2 * h], sp[2 * h + 1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if ((lane & 3) == 0)
+          row_stat[(piece_mi * 16 + (lane >> 2) + 8 * h) * kPiecesPerRow + piece] = mx * scale;
+      }
+      __syncthreads();
+      float alpha[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float* stat = row_stat + ((r >> 1) * 16 + (lane >> 2) + 8 * (r & 1)) * kPiecesPerRow;
+        float m_new = m_run[r];
+#pragma unroll
+        for (int k = 0; k < kPiecesPerRow; ++k) m_new = fmaxf(m_new, stat[k]);
+        alpha[r] = m_new == neg_inf() ? 1.f : fast_exp2(m_run[r] - m_new);
+        m_run[r] = m_new;
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < kVTiles; ++nt) {
+          o[mi][nt][0] *= alpha[mi * 2];
+          o[mi][nt][1] *= alpha[mi * 2];
+          o[mi][nt][2] *= alpha[mi * 2 + 1];
+          o[mi][nt][3] *= alpha[mi * 2 + 1];
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] *= piece_of(alpha, h);
+      compute_p();
+      store_p();
+      __syncthreads();  // the new P is visible; row_stat may be rewritten next time
+    }
+    l_run[0] += pv[0] + pv[1];
+    l_run[1] += pv[2] + pv[3];
 
-    // ---- V rows that are not the first 512 columns of the K rows: overwrite them in place.
+    // ---- V rows that are not the first 512 columns of the K rows: overwrite them in place
+    // (every warp has finished reading K from this stage: P was published after S).
     const bool has_prefix = tile_start < L;
     const bool has_draft = min(tile_start + kBlockN, kv_end) > L;
     if ((has_prefix && p.separate_v_buf) || (has_draft && p.separate_v_ext)) {
-      __syncthreads();  // every warp has finished reading K from this stage
       issue_v(stage, resolve(it, false));  // slow path: a direct index lookup is fine
       cp_async_commit();
       cp_async_wait<0>();
       __syncthreads();
     }
 
-    // ---- O += P V over this warp's 128 V columns. P's C fragments are the A fragments.
+    // ---- O += P V over this warp's 64 V columns; each V fragment feeds both m-tiles.
 #pragma unroll
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      uint32_t pa[4];
-      pa[0] = ElemOps<Elem>::pack(s[2 * ks][0], s[2 * ks][1]);
-      pa[1] = ElemOps<Elem>::pack(s[2 * ks][2], s[2 * ks][3]);
-      pa[2] = ElemOps<Elem>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      pa[3] = ElemOps<Elem>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+        ldmatrix_x4(pa[mi], p_smem + p_offset(mi * 16 + (lane & 15), ks * 2 + (lane >> 4)));
       const int tok = ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
-      for (int np = 0; np < kVSlice / 16; ++np) {
-        const int c = (quarter * kVSlice + np * 16) / 8 + (lane >> 4);
+      for (int np = 0; np < kVTiles / 2; ++np) {
+        const int c = (warp * kVSlice + np * 16) / 8 + (lane >> 4);
         uint32_t r[4];
         ldmatrix_x4_trans(r, kv_smem + kv_offset(tok, c));
-        ElemOps<Elem>::mma(o[2 * np], pa, r[0], r[1]);
-        ElemOps<Elem>::mma(o[2 * np + 1], pa, r[2], r[3]);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          ElemOps<Elem>::mma(o[mi][2 * np], pa[mi], r[0], r[1]);
+          ElemOps<Elem>::mma(o[mi][2 * np + 1], pa[mi], r[2], r[3]);
+        }
       }
     }
-    stage = stage + 1 == kStages ? 0 : stage + 1;
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the CTA exits
+
+  // ---- row sums: quad-reduce this thread's piece share, publish per piece, add the 4 pieces.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if ((lane & 3) == 0)
+      row_stat[(piece_mi * 16 + (lane >> 2) + 8 * h) * kPiecesPerRow + piece] = l;
+  }
+  __syncthreads();
 
   // ---- epilogue: normalize; write the output directly (one split) or the partial.
   const bool direct = meta.num_splits == 1;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = l_run[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? (m_run[i] + __log2f(l)) * kLn2 : neg_inf();
-    if (!row_valid[i]) continue;
-    const int col0 = quarter * kVSlice + (lane & 3) * 2;
-    if (direct) {
-      const int64_t tok = meta.qo_start + row_t[i];
-      Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
-                   static_cast<int64_t>(row_h[i]) * p.out_stride_head;
+  for (int r = 0; r < 4; ++r) {
+    const int mi = r >> 1;
+    const int e0 = (r & 1) * 2;  // accumulator elements of this row in the m16n8 C layout
+    const int row_local = mi * 16 + (lane >> 2) + 8 * (r & 1);
+    float l = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < kVSlice / 8; ++nt)
+    for (int k = 0; k < kPiecesPerRow; ++k) l += row_stat[row_local * kPiecesPerRow + k];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_run[r] + __log2f(l)) * kLn2 : neg_inf();
+    if (!row_valid[r]) continue;
+    const int col0 = warp * kVSlice + (lane & 3) * 2;
+    const bool writes_lse = warp == 0 && (lane & 3) == 0;
+    if (direct) {
+      const int64_t tok = meta.qo_start + row_t[r];
+      Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
+                   static_cast<int64_t>(row_h[r]) * p.out_stride_head;
+#pragma unroll
+      for (int nt = 0; nt < kVTiles; ++nt)
         *reinterpret_cast<uint32_t*>(orow + col0 + nt * 8) =
-            ElemOps<Elem>::pack(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
-      if (quarter == 0 && (lane & 3) == 0)
-        p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(row_h[i]) * p.lse_stride_head] = lse;
+            ElemOps<Elem>::pack(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
+      if (writes_lse)
+        p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(row_h[r]) * p.lse_stride_head] = lse;
     } else {
       const int64_t prow =
-          (static_cast<int64_t>(split) * p.num_tile_slots + slot) * kBlockM + row_local[i];
+          (static_cast<int64_t>(split) * p.num_tile_slots + slot) * kBlockM + row_local;
       float* orow = p.o_part + prow * kHeadDimV;
 #pragma unroll
-      for (int nt = 0; nt < kVSlice / 8; ++nt)
+      for (int nt = 0; nt < kVTiles; ++nt)
         *reinterpret_cast<float2*>(orow + col0 + nt * 8) =
-            make_float2(o[nt][2 * i] * inv, o[nt][2 * i + 1] * inv);
-      if (quarter == 0 && (lane & 3) == 0) p.lse_part[prow] = lse;
+            make_float2(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
+      if (writes_lse) p.lse_part[prow] = lse;
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // One CTA per output row: LSE-weighted sum of the row's split partials (FlashInfer merge_state).
-// Warp 0 turns the split LSEs into weights; the 8 warps then take every 8th split each (lane =
-// 16 columns, 4 independent float4 loads per split) and the per-warp sums meet in shared memory.
-// Splits that saw no visible token carry lse = -inf and zero output, and get weight 0.
+// Every warp derives the weights itself (all split LSEs, 4 per lane, reduced with shuffles) so no
+// CTA barrier sits between the LSE loads and the partial loads: the first batch of partials is
+// already in flight while the weights are computed. Warp w takes splits w, w + 8, ... in batches
+// of kCombineBatch (lane = 16 columns: 4 float4 per split), and the 8 warp sums meet in shared
+// memory. Splits that saw no visible token carry lse = -inf and zero output, and get weight 0.
+constexpr int kCombineBatch = 4;
+
 template <typename Elem>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const VerifyParams p) {
-  __shared__ float weights[kMaxSplits];
+  __shared__ float weights[kCombineWarps][kMaxSplits];
   __shared__ float4 partial[kCombineWarps][kHeadDimV / 4];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -599,71 +700,83 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int ns = meta.num_splits;
   const int64_t tok = meta.qo_start + t;
 
-  if (warp == 0) {
-    constexpr int kPerLane = kMaxSplits / 32;
-    float l[kPerLane];
-    float mx = neg_inf();
+  auto load_batch = [&](int s0, float4 (&v)[kCombineBatch][4]) {
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int s = lane + 32 * k;
-      l[k] = s < ns ? p.lse_part[base + s * split_stride] : neg_inf();
-      mx = fmaxf(mx, l[k]);
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const int s = s0 + u * kCombineWarps;
+      const float4* src =
+          reinterpret_cast<const float4*>(p.o_part + (base + s * split_stride) * kHeadDimV);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        v[u][k] = s < ns ? src[k * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float m_use = mx == neg_inf() ? 0.f : mx;
-    float sum = 0.f;
+  };
+  float4 v[kCombineBatch][4];
+  load_batch(warp, v);
+
+  constexpr int kPerLane = kMaxSplits / 32;
+  float l[kPerLane];
+  float mx = neg_inf();
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      l[k] = __expf(l[k] - m_use);
-      sum += l[k];
-    }
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k)
-      if (lane + 32 * k < ns) weights[lane + 32 * k] = l[k] * inv;
-    if (lane == 0)
-      p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(h) * p.lse_stride_head] =
-          sum > 0.f ? m_use + __logf(sum) : neg_inf();
+  for (int k = 0; k < kPerLane; ++k) {
+    const int s = lane + 32 * k;
+    l[k] = s < ns ? p.lse_part[base + s * split_stride] : neg_inf();
+    mx = fmaxf(mx, l[k]);
   }
-  __syncthreads();
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float m_use = mx == neg_inf() ? 0.f : mx;
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    l[k] = __expf(l[k] - m_use);
+    sum += l[k];
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) weights[warp][lane + 32 * k] = l[k] * inv;  // 0 past ns
+  if (warp == 0 && lane == 0)
+    p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(h) * p.lse_stride_head] =
+        sum > 0.f ? m_use + __logf(sum) : neg_inf();
+  __syncwarp();
+
   float4 acc[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-  for (int s = warp; s < ns; s += kCombineWarps) {
-    const float wgt = weights[s];
-    const float4* src =
-        reinterpret_cast<const float4*>(p.o_part + (base + s * split_stride) * kHeadDimV);
-    float4 v[4];
+  for (int s0 = warp;; s0 += kCombineBatch * kCombineWarps) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = src[k * 32 + lane];
+    for (int u = 0; u < kCombineBatch; ++u) {
+      const int s = s0 + u * kCombineWarps;
+      const float wgt = s < ns ? weights[warp][s] : 0.f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      acc[k].x += wgt * v[k].x;
-      acc[k].y += wgt * v[k].y;
-      acc[k].z += wgt * v[k].z;
-      acc[k].w += wgt * v[k].w;
+      for (int k = 0; k < 4; ++k) {
+        acc[k].x += wgt * v[u][k].x;
+        acc[k].y += wgt * v[u][k].y;
+        acc[k].z += wgt * v[u][k].z;
+        acc[k].w += wgt * v[u][k].w;
+      }
     }
+    if (s0 + kCombineBatch * kCombineWarps >= ns) break;
+    load_batch(s0 + kCombineBatch * kCombineWarps, v);
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) partial[warp][k * 32 + lane] = acc[k];
   __syncthreads();
   if (threadIdx.x < kHeadDimV / 4) {
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kCombineWarps; ++w) {
-      const float4 v = partial[w][threadIdx.x];
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
+      const float4 x = partial[w][threadIdx.x];
+      total.x += x.x;
+      total.y += x.y;
+      total.z += x.z;
+      total.w += x.w;
     }
     Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
                  static_cast<int64_t>(h) * p.out_stride_head;
     uint2 packed;
-    packed.x = ElemOps<Elem>::pack(sum.x, sum.y);
-    packed.y = ElemOps<Elem>::pack(sum.z, sum.w);
+    packed.x = ElemOps<Elem>::pack(total.x, total.y);
+    packed.y = ElemOps<Elem>::pack(total.z, total.w);
     *reinterpret_cast<uint2*>(orow + threadIdx.x * 4) = packed;
   }
 }
