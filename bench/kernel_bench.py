@@ -74,9 +74,21 @@ def parse_part(text: str) -> tuple[int, int]:
     return k, n
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """'1x8x8x32768,8x16x16x4096' -> [(1, 8, 8, 32768), (8, 16, 16, 4096)]."""
+    try:
+        shapes = [tuple(int(x) for x in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BxHxTxP,...; got {text!r}") from None
+    if not shapes or any(len(shape) != 4 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"expected BxHxTxP,... with positive sizes; got {text!r}")
+    return shapes
+
+
 def merge_parts(paths: list[str], out: str) -> Path:
-    """Join --part results into one: records in grid order, the first part's ceilings and
-    metadata, `complete` only if every part completed, and the summary recomputed."""
+    """Join --part / --shapes results into one: records in grid order, the first part's ceilings
+    and metadata (each part's own ceilings are kept under `parts`), `complete` when the records
+    cover the grid exactly once, and the summary recomputed."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     order = {shape: i for i, shape in enumerate(grid_shapes())}
     records = sorted(
@@ -88,7 +100,8 @@ def merge_parts(paths: list[str], out: str) -> Path:
         {"file": Path(p).name, "ceilings": part["ceilings"], "complete": part["complete"]}
         for p, part in zip(paths, parts, strict=True)
     ]
-    merged["complete"] = all(part["complete"] for part in parts)
+    shapes = [(r["B"], r["H"], r["T"], r["prefix"]) for r in records]
+    merged["complete"] = len(shapes) == len(set(shapes)) and set(shapes) == set(order)
     merged["records"] = records
     merged["summary"] = summarize(records)
     out_path = Path(out)
@@ -301,6 +314,9 @@ def main() -> int:
     parser.add_argument("--kdtree-only", action="store_true", help="skip the Triton baselines")
     parser.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N")
     parser.add_argument("--merge", nargs="+", metavar="PART_JSON", help="join --part results")
+    parser.add_argument(
+        "--shapes", type=parse_shapes, metavar="BxHxTxP,...", help="these grid shapes, in order"
+    )
     args = parser.parse_args()
     if args.merge:
         out_path = merge_parts(args.merge, args.out)
@@ -328,7 +344,7 @@ def main() -> int:
     if args.quick:
         shapes = [(1, 8, 8, 32768), (1, 16, 16, 131072), (8, 16, 16, 4096), (1, 128, 32, 32768)]
     k, n = args.part
-    shapes = shapes[k - 1 :: n]
+    shapes = args.shapes if args.shapes else shapes[k - 1 :: n]
     gen = torch.Generator(device="cuda").manual_seed(0)
     pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
     log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
