@@ -130,6 +130,8 @@ def test_each_inference_service_runs_its_verify_mode() -> None:
     assert [a for a in baseline if a != "--enable-deterministic-inference"] == candidate
     assert "--speculative-algorithm" in candidate and "--model-path" in candidate
     assert command_args(services["inference"]) == candidate
+    # SGLang exports the kdtree_verify_* metrics (validate-mode differences, fallbacks) only with it.
+    assert "--enable-metrics" in candidate
     serve = load_compose({"KDTREE_VERIFY": "validate"})["services"]["inference"]
     assert serve["environment"]["KDTREE_VERIFY"] == "validate"
 
