@@ -85,7 +85,7 @@ parity: setup
 # (default 80;90;120); the build goes to KDTREE_BUILD_DIR (default kernel/build/torch<version>).
 BENCH_OUT ?= bench/results/local.json
 
-.PHONY: kernel ptxas bench
+.PHONY: kernel ptxas sass bench
 
 ## kernel: build the CUDA extension for KDTREE_CUDA_ARCHS (needs nvcc; KDTREE_BUILD_WITHOUT_GPU=1 where there is no GPU)
 kernel: setup
@@ -94,6 +94,10 @@ kernel: setup
 ## ptxas: compile the kernel for each arch with ptxas -v, check spills/smem, refresh bench/results/ptxas_summary.json
 ptxas: setup
 	$(PY) -m kdtree_verify._ptxas --out bench/results/ptxas_summary.json
+
+## sass: instruction mix of the attention kernel's main loop per arch (no GPU needed)
+sass: setup
+	$(PY) -m kdtree_verify._sass --archs "$(or $(KDTREE_CUDA_ARCHS),80;90;120)"
 
 ## bench: kernel benchmark on the local GPU vs SGLang's Triton kernels (writes BENCH_OUT; see bench/README.md)
 bench: setup

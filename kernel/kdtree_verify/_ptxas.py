@@ -65,15 +65,30 @@ def find_nvcc() -> str:
     return nvcc
 
 
+CONFIG_EXPRESSIONS = {
+    "smem": "kSmemBytes",
+    "threads": "kThreads",
+    "combine_threads": "kCombineWarps * 32",
+    "m_tiles": "kMTiles",
+    "qk_slice": "kQkSlice",
+    "v_slice": "kVSlice",
+    "block_n": "kBlockN",
+}
+"""Name -> C++ expression over verify_config.h, evaluated by ``config_constants``."""
+
+
 def config_constants() -> dict[str, int]:
-    """kSmemBytes / kThreads / kCombineWarps as the compiler sees them (a host-compiled probe)."""
+    """``CONFIG_EXPRESSIONS`` as the compiler sees them (a host-compiled probe)."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("a host C++ compiler (g++) is needed to read verify_config.h")
+    prints = "".join(
+        f'  std::printf("%d\\n", static_cast<int>({expr}));\n'
+        for expr in CONFIG_EXPRESSIONS.values()
+    )
     probe = (
         '#include <cstdio>\n#include "verify_config.h"\n'
-        'int main() { std::printf("%d %d %d\\n", kdtree::kSmemBytes, kdtree::kThreads, '
-        "kdtree::kCombineWarps * 32); }\n"
+        f"int main() {{\n  using namespace kdtree;\n{prints}}}\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "probe.cpp", Path(tmp) / "probe"
@@ -83,8 +98,8 @@ def config_constants() -> dict[str, int]:
             check=True,
             capture_output=True,
         )
-        smem, threads, combine_threads = map(int, subprocess.check_output([str(exe)]).split())
-    return {"smem": smem, "threads": threads, "combine_threads": combine_threads}
+        values = map(int, subprocess.check_output([str(exe)]).split())
+    return dict(zip(CONFIG_EXPRESSIONS, values, strict=True))
 
 
 def _short_name(mangled: str) -> str:
@@ -98,13 +113,15 @@ def _short_name(mangled: str) -> str:
     return mangled
 
 
-def compile_arch(nvcc: str, arch: str) -> str:
-    """The ptxas -v report of one cubin compile (device code only, no host link)."""
+def compile_arch(nvcc: str, arch: str, cubin: Path | None = None) -> str:
+    """The ptxas -v report of one cubin compile (device code only, no host link); the cubin is
+    kept at ``cubin`` when given."""
     flags = [f for f in nvcc_flags([arch]) if not f.startswith("-gencode")]
     with tempfile.TemporaryDirectory() as tmp:
+        target = cubin if cubin is not None else Path(tmp) / f"verify_sm{arch}.cubin"
         cmd = [
             nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", *flags, "-Xptxas", "-v",
-            f"-I{CSRC_DIR}", str(KERNEL_SOURCE), "-o", str(Path(tmp) / f"verify_sm{arch}.cubin"),
+            f"-I{CSRC_DIR}", str(KERNEL_SOURCE), "-o", str(target),
         ]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
