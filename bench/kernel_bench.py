@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/mma_ceiling.py
+
 from kdtree_verify import deepseek_v3_sm_scale, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan
@@ -200,7 +202,27 @@ def measure_ceilings() -> dict:
     end.record()
     end.synchronize()
     tflops = 2 * 8192**3 * reps / (start.elapsed_time(end) * 1e-3) / 1e12
-    return {"copy_TBps": round(copy_tbps, 3), "matmul_TFLOPs": round(tflops, 1)}
+    ceilings = {"copy_TBps": round(copy_tbps, 3), "matmul_TFLOPs": round(tflops, 1)}
+    ceilings["mma_sync_TFLOPs"] = measure_mma_sync_ceiling()
+    return ceilings
+
+
+def measure_mma_sync_ceiling() -> float | None:
+    """The best mma.sync rate of bench/mma_ceiling.py (None, logged, where nvcc is missing)."""
+    import tempfile
+
+    import mma_ceiling
+
+    props = torch.cuda.get_device_properties(0)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = mma_ceiling.build(f"{props.major}{props.minor}", Path(tmp))
+            rates = mma_ceiling.measure(mma_ceiling.load(lib), props.multi_processor_count)
+    except RuntimeError as exc:
+        log(f"mma.sync ceiling unavailable: {exc}")
+        return None
+    log(f"mma.sync ceilings: {rates}")
+    return max(rates.values())
 
 
 class Pool:
@@ -255,6 +277,17 @@ def roofline(B: int, H: int, T: int, prefix: int, ceilings: dict) -> tuple[float
     return kv_bytes + io_bytes, flops, ideal_s * 1e6
 
 
+def mma_sync_efficiency(nbytes: float, flops: float, us: float, ceilings: dict) -> float | None:
+    """Roofline efficiency against the mma.sync ceiling instead of cuBLAS's (wgmma) matmul rate:
+    how far the kernel is from what sm_80-level code can do on this GPU."""
+    if not ceilings.get("mma_sync_TFLOPs"):
+        return None
+    ideal_s = max(
+        nbytes / (ceilings["copy_TBps"] * 1e12), flops / (ceilings["mma_sync_TFLOPs"] * 1e12)
+    )
+    return round(ideal_s * 1e6 / us, 3)
+
+
 def summarize(records: list[dict]) -> dict:
     """The issue's targets, computed from the records."""
     big = [r for r in records if r["ideal_us"] >= 10.0]
@@ -265,6 +298,11 @@ def summarize(records: list[dict]) -> dict:
         else None,
         "efficiency_min_ideal_ge_10us": min(r["roofline_efficiency"] for r in big) if big else None,
         "max_us_ideal_lt_10us": max(r["kdtree_us"] for r in small) if small else None,
+        "mma_sync_efficiency_median_ideal_ge_10us": statistics.median(
+            r["mma_sync_roofline_efficiency"] for r in big
+        )
+        if big and all(r.get("mma_sync_roofline_efficiency") is not None for r in big)
+        else None,
         "min_speedup_vs_extend_B1_H8_T_le16_prefix_ge32k": min(
             (
                 r["speedup_vs_extend"]
@@ -380,6 +418,9 @@ def main() -> int:
             flops=flops,
             ideal_us=round(ideal_us, 2),
             roofline_efficiency=round(ideal_us / rec["kdtree_us"], 3),
+            mma_sync_roofline_efficiency=mma_sync_efficiency(
+                nbytes, flops, rec["kdtree_us"], ceilings
+            ),
             effective_TBps=round(nbytes / rec["kdtree_us"] / 1e6, 3),
             TFLOPs=round(flops / rec["kdtree_us"] / 1e6, 1),
             max_splits=plan.max_splits,

@@ -1,0 +1,101 @@
+"""The mma.sync ceiling of this GPU: what sm_80-level tensor-core code can reach at all.
+
+The verify kernel may use only mma.sync (the same code must run on sm_120, which has no wgmma), so
+its roofline efficiency against cuBLAS's wgmma matmul rate mixes two things: how far the kernel is
+from what mma.sync allows, and how far mma.sync is from wgmma. This measures the first ceiling with
+``bench/csrc/mma_ceiling.cu`` (compiled with nvcc into a small shared library, called via ctypes):
+
+- ``registers``: HMMA m16n8k16 bf16/fp32 from register fragments, 8 independent accumulators per
+  warp, at two occupancies: 8 warps per SM (the verify kernel's) and 32 warps per SM;
+- ``ldmatrix``: each ldmatrix.x4 from shared memory feeding 4 MMAs, as the kernel's main loop does.
+
+Usage (GPU machine): python bench/mma_ceiling.py [--arch 90] [--out bench/results/mma_ceiling.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "mma_ceiling.cu"
+FLOP_PER_MMA = 2 * 16 * 8 * 16
+VARIANTS = {"registers": 0, "ldmatrix": 1}
+
+
+def build(arch: str, out_dir: Path) -> Path:
+    """Compile the ceiling kernels for sm_<arch> into a shared library (no GPU needed)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("nvcc not found on PATH: the mma ceiling is compiled at run time")
+    lib = out_dir / f"mma_ceiling_sm{arch}.so"
+    cmd = [
+        nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        str(SOURCE), "-o", str(lib),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed for sm_{arch}:\n{done.stderr}")
+    return lib
+
+
+def load(lib: Path) -> ctypes.CDLL:
+    dll = ctypes.CDLL(str(lib))
+    dll.mma_ceiling_ms.restype = ctypes.c_float
+    dll.mma_ceiling_ms.argtypes = [ctypes.c_int] * 5
+    dll.mma_ceiling_mmas_per_warp.restype = ctypes.c_longlong
+    dll.mma_ceiling_mmas_per_warp.argtypes = [ctypes.c_int, ctypes.c_int]
+    return dll
+
+
+def tflops(
+    dll: ctypes.CDLL, variant: str, blocks: int, threads: int, iters: int, reps: int
+) -> float:
+    """TFLOP/s of one configuration; RuntimeError with the CUDA error code if it cannot run."""
+    code = VARIANTS[variant]
+    ms = dll.mma_ceiling_ms(code, blocks, threads, iters, reps)
+    if ms <= 0:
+        raise RuntimeError(f"mma ceiling ({variant}): CUDA error {int(-ms)}")
+    mmas = dll.mma_ceiling_mmas_per_warp(code, iters) * blocks * (threads // 32)
+    return mmas * FLOP_PER_MMA / (ms * 1e-3) / 1e12
+
+
+def measure(dll: ctypes.CDLL, sms: int, iters: int = 20_000, reps: int = 5) -> dict:
+    """The ceilings as a JSON-ready dict (TFLOP/s), each variant at 8 and 32 warps per SM."""
+    result = {}
+    for variant in VARIANTS:
+        for warps_per_sm in (8, 32):
+            blocks = sms * warps_per_sm // 8  # 256-thread blocks, all resident at once
+            key = f"mma_sync_{variant}_{warps_per_sm}_warps_per_sm_TFLOPs"
+            result[key] = round(tflops(dll, variant, blocks, 256, iters, reps), 1)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", help="SM version to compile for (default: the local GPU's)")
+    parser.add_argument("--out", help="write the result JSON here")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("mma_ceiling: needs a CUDA device", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    arch = args.arch or f"{props.major}{props.minor}"
+    with tempfile.TemporaryDirectory() as tmp:
+        result = {"device": props.name, "sms": props.multi_processor_count, "arch": f"sm_{arch}"}
+        result.update(measure(load(build(arch, Path(tmp))), props.multi_processor_count))
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""bench/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
+one complete grid, and the efficiency against the mma.sync ceiling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import kernel_bench
+
+
+def _record(shape: tuple[int, int, int, int]) -> dict:
+    B, H, T, P = shape
+    return {"B": B, "H": H, "T": T, "prefix": P, "kdtree_us": 10.0, "ideal_us": 20.0,
+            "roofline_efficiency": 0.5}  # fmt: skip
+
+
+def _part(path: Path, shapes, complete: bool = True) -> str:
+    result = {"ceilings": {"copy_TBps": 4.2, "matmul_TFLOPs": 800.0}, "complete": complete,
+              "records": [_record(s) for s in shapes]}  # fmt: skip
+    path.write_text(json.dumps(result))
+    return str(path)
+
+
+def test_parts_partition_the_grid() -> None:
+    grid = kernel_bench.grid_shapes()
+    assert len(grid) == 81
+    parts = [grid[k - 1 :: 4] for k in range(1, 5)]
+    assert sorted(s for p in parts for s in p) == sorted(grid)
+    assert kernel_bench.parse_part("2/4") == (2, 4)
+    for bad in ("0/2", "3/2", "x", "1-2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            kernel_bench.parse_part(bad)
+
+
+def test_shape_lists_parse_and_refuse_garbage() -> None:
+    assert kernel_bench.parse_shapes("1x8x8x32768,8x16x16x4096") == [
+        (1, 8, 8, 32768),
+        (8, 16, 16, 4096),
+    ]
+    for bad in ("1x8x8", "1x8x8x0", "axbxcxd", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            kernel_bench.parse_shapes(bad)
+
+
+def test_merge_orders_records_and_marks_a_covered_grid_complete(tmp_path: Path) -> None:
+    grid = kernel_bench.grid_shapes()
+    first = _part(tmp_path / "a.json", list(reversed(grid[:40])), complete=False)
+    second = _part(tmp_path / "b.json", grid[40:])
+    merged = json.loads(
+        kernel_bench.merge_parts([first, second], str(tmp_path / "m.json")).read_text()
+    )
+    assert [(r["B"], r["H"], r["T"], r["prefix"]) for r in merged["records"]] == grid
+    assert merged["complete"] is True
+    assert [p["complete"] for p in merged["parts"]] == [False, True]
+    assert merged["summary"]["efficiency_median_ideal_ge_10us"] == 0.5
+
+
+def test_merge_is_incomplete_with_gaps_or_duplicates(tmp_path: Path) -> None:
+    grid = kernel_bench.grid_shapes()
+    gap = kernel_bench.merge_parts([_part(tmp_path / "a.json", grid[1:])], str(tmp_path / "g.json"))
+    assert json.loads(gap.read_text())["complete"] is False
+    dup = kernel_bench.merge_parts(
+        [_part(tmp_path / "b.json", grid), _part(tmp_path / "c.json", grid[:1])],
+        str(tmp_path / "d.json"),
+    )
+    assert json.loads(dup.read_text())["complete"] is False
+
+
+def test_mma_sync_efficiency_uses_the_slower_roof() -> None:
+    ceilings = {"copy_TBps": 4.0, "mma_sync_TFLOPs": 500.0}
+    # compute-bound: 1 TFLOP at 500 TF/s = 2000 us ideal, measured 4000 us
+    assert kernel_bench.mma_sync_efficiency(1e6, 1e12, 4000.0, ceilings) == 0.5
+    # memory-bound: 4 GB at 4 TB/s = 1000 us ideal, measured 2000 us
+    assert kernel_bench.mma_sync_efficiency(4e9, 1e9, 2000.0, ceilings) == 0.5
+    assert kernel_bench.mma_sync_efficiency(4e9, 1e9, 2000.0, {"copy_TBps": 4.0}) is None
