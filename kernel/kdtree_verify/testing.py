@@ -198,3 +198,24 @@ def sglang_extend_attention(
         max_draft_tokens, 1.0, 1.0, sm_scale=sm_scale,
     )  # fmt: skip
     return out
+
+
+def boost_prefix_keys(case: VerifyCase, boosts: dict[int, float]) -> VerifyCase:
+    """Make request 0's scores jump: its prefix token at position ``j`` gets the key (and so the
+    value) ``boosts[j] x u``, u the unit mean direction of the request's queries, so its score is
+    ~``boosts[j] x sm_scale x (q . u)`` for every query row, far above the random keys' scores.
+
+    A schedule of growing boosts at late positions makes an online softmax move its running max in
+    later KV tiles (the kernel's rare rescale path), a large early boost leaves every later tile
+    far below the max. Modifies ``case`` in place and returns it.
+    """
+    prefix = case.prefix_lens[0]
+    if any(not 0 <= j < prefix for j in boosts):
+        raise ValueError(f"boost positions must lie in request 0's prefix [0, {prefix})")
+    rows = case.q[: case.num_draft].float().reshape(-1, QK_DIM)
+    direction = rows.mean(dim=0)
+    direction = direction / direction.norm()
+    for j, strength in boosts.items():
+        slot = int(case.kv_indices[j])
+        case.k_buffer[slot, 0] = (strength * direction).to(case.k_buffer.dtype)
+    return case

@@ -20,7 +20,7 @@ import torch
 from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan
-from kdtree_verify.testing import VerifyCase, make_case
+from kdtree_verify.testing import VerifyCase, boost_prefix_keys, make_case
 
 pytestmark = pytest.mark.gpu
 
@@ -282,6 +282,28 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
         assert torch.equal(static["lse"], eager_lse), f"replay {i}: graph lse != eager"
         ref_out, _ = verify_attention_reference(*case.args(), return_lse=True)
         assert_close_bf16(static["out"], ref_out, f"replay {i} vs reference")
+
+
+@pytest.mark.parametrize("splits", ["planned", "one"])
+def test_late_score_jumps_move_the_running_max(splits: str) -> None:
+    """Scores jumping far above the running max in late KV tiles (by more than 2^8 in exp2 units,
+    the kernel's lazy-rescale threshold) and an early spike that leaves later tiles negligible.
+    With one split the jumps land inside one CTA's main loop (the rare rescale path); with the
+    planned splits they also meet in the LSE merge of the combine kernel."""
+    case = make_case((4097, 300), 8, 16, mask="tree", dtype=torch.bfloat16, device="cuda", seed=11)
+    boost_prefix_keys(case, {5: 60.0, 1500: 80.0, 3000: 160.0, 4000: 320.0})
+    plan = make_plan(
+        2, 16, 16, "cuda", **({"target_ctas": 1, "max_splits": 1} if splits == "one" else {})
+    )
+    plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
+    out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
+    verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    assert float(ref_lse[:8].max() - ref_lse[8:].max()) > 8  # the jumps dominate request 0
+    assert_close_bf16(out, ref_out, f"score jumps, {splits} split(s)")
+    assert_lse_close(lse, ref_lse, f"score jumps, {splits} split(s)")
 
 
 def test_plan_refuses_a_workspace_short_of_the_formula() -> None:

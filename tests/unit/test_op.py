@@ -5,7 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kdtree_verify import merge_partials, verify_attention, verify_attention_reference
-from kdtree_verify.testing import make_case
+from kdtree_verify.testing import boost_prefix_keys, make_case
 
 
 def test_op_is_registered_and_passes_torch_opcheck():
@@ -61,3 +61,16 @@ def test_merge_of_only_empty_partials_is_zero_not_nan():
     out, lse = merge_partials([torch.ones(2, 4)] * 2, [torch.full((2,), float("-inf"))] * 2)
     assert torch.equal(out, torch.zeros(2, 4))
     assert torch.isneginf(lse).all()
+
+
+def test_cpu_op_follows_late_score_jumps_and_an_early_spike():
+    """Scores that jump far above the running max in late chunks (and one early spike that leaves
+    later chunks negligible) are merged exactly: the split-KV specification against the
+    reference, in float32, with the jumps spanning more than 2^8 in exp2 units."""
+    case = make_case([4097, 300], 8, 16, mask="tree", seed=11)
+    boost_prefix_keys(case, {5: 60.0, 1500: 80.0, 3000: 160.0, 4000: 320.0})
+    ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    assert float(ref_lse[:8].max() - ref_lse[8:].max()) > 8  # the jumps dominate request 0
+    out, lse = verify_attention(*case.args(), return_lse=True, chunk_size=64)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, atol=3e-5, rtol=1e-5)
