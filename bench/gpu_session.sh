@@ -6,9 +6,9 @@
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
 # op-vs-triton parity over 100 prompts (issues 4 and 5). profile: Nsight Compute on the attention
 # kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
-# 32k), plus the duration of each of the three kernels of one call. tune: the kernel tests, the
-# mma.sync ceiling (bench/mma_ceiling.py), our kernel alone over the whole grid (no baselines) and
-# the profile: one kernel-tuning iteration.
+# 32k), plus the duration of each of the three kernels of one call. tune: the kernel tests, our
+# kernel alone over the whole grid (no baselines; its ceilings include the mma.sync one) and the
+# profile: one kernel-tuning iteration.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
@@ -45,8 +45,6 @@ if [[ $what == serving ]]; then
 fi
 if [[ $what == tune ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_kernel.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
-  python3 bench/mma_ceiling.py --out "$OUT/mma_ceiling.json" 2>&1 | tee "$OUT/mma_ceiling.log"
   rc=$((rc | ${PIPESTATUS[0]}))
   python3 bench/kernel_bench.py --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
   rc=$((rc | ${PIPESTATUS[0]}))

@@ -33,12 +33,15 @@ import math
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/mma_ceiling.py
+
+import mma_ceiling
 
 from kdtree_verify import deepseek_v3_sm_scale, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
@@ -209,9 +212,6 @@ def measure_ceilings() -> dict:
 
 def measure_mma_sync_ceiling() -> float | None:
     """The best mma.sync rate of bench/mma_ceiling.py (None, logged, where nvcc is missing)."""
-    import tempfile
-
-    import mma_ceiling
 
     props = torch.cuda.get_device_properties(0)
     try:

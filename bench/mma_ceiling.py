@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "mma_ceiling.cu"
+KERNEL_CSRC = Path(__file__).resolve().parents[1] / "kernel" / "csrc"  # mma_sm80.h
 FLOP_PER_MMA = 2 * 16 * 8 * 16
 VARIANTS = {"registers": 0, "ldmatrix": 1}
 
@@ -36,7 +37,7 @@ def build(arch: str, out_dir: Path) -> Path:
     lib = out_dir / f"mma_ceiling_sm{arch}.so"
     cmd = [
         nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-        str(SOURCE), "-o", str(lib),
+        f"-I{KERNEL_CSRC}", str(SOURCE), "-o", str(lib),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -13,18 +13,13 @@
 
 #include <cstdint>
 
+#include "mma_sm80.h"  // kernel/csrc: the verify kernel's own mma.sync / ldmatrix wrappers
+
 namespace {
 
 constexpr int kChains = 8;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using Mma = kdtree::ElemOps<__nv_bfloat16>;
 
 __global__ void mma_registers(float* out, int iters) {
   const uint32_t seed = threadIdx.x * 2654435761u;
@@ -33,7 +28,7 @@ __global__ void mma_registers(float* out, int iters) {
   float c[kChains][4] = {};
   for (int i = 0; i < iters; ++i) {
 #pragma unroll
-    for (int k = 0; k < kChains; ++k) mma_bf16(c[k], a, b0, b1);
+    for (int k = 0; k < kChains; ++k) Mma::mma(c[k], a, b0, b1);
   }
   float sum = 0.f;
 #pragma unroll
@@ -61,13 +56,11 @@ __global__ void mma_ldmatrix(float* out, int iters) {
     for (int k = 0; k < kChains / 4; ++k) {
       const int chunk = ((lane >> 3) + 4 * k + i) & 7;
       uint32_t r[4];
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                   : "r"(base + ((chunk ^ (row & 7)) << 4)));
+      kdtree::ldmatrix_x4(r, base + ((chunk ^ (row & 7)) << 4));
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_bf16(c[4 * k + 2 * m], a[m], r[0], r[1]);
-        mma_bf16(c[4 * k + 2 * m + 1], a[m], r[2], r[3]);
+        Mma::mma(c[4 * k + 2 * m], a[m], r[0], r[1]);
+        Mma::mma(c[4 * k + 2 * m + 1], a[m], r[2], r[3]);
       }
     }
   }

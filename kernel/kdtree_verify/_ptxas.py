@@ -102,7 +102,8 @@ def config_constants() -> dict[str, int]:
     return dict(zip(CONFIG_EXPRESSIONS, values, strict=True))
 
 
-def _short_name(mangled: str) -> str:
+def short_name(mangled: str) -> str:
+    """'..attention_kernelI13__nv_bfloat16..' -> 'attention_kernel<bf16>'."""
     for name in ("plan_kernel", "attention_kernel", "combine_kernel"):
         if name in mangled:
             if "bfloat16" in mangled:
@@ -134,7 +135,7 @@ def parse_report(text: str, consts: dict[str, int]) -> list[KernelReport]:
     current: dict | None = None
     for line in text.splitlines():
         if m := _FUNC.search(line):
-            current = {"arch": m["arch"], "kernel": _short_name(m["name"])}
+            current = {"arch": m["arch"], "kernel": short_name(m["name"])}
         elif current is not None and (m := _FRAME.search(line)):
             current.update(
                 stack_frame=int(m["stack"]),

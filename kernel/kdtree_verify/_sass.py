@@ -15,6 +15,7 @@ that Triton's wheel carries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -56,17 +57,14 @@ class LoopStats:
 
 def find_cuobjdump() -> str:
     """cuobjdump from PATH, $CUDA_HOME/bin or Triton's wheel; a clear error otherwise."""
-    found = shutil.which("cuobjdump")
-    candidates = [Path(os.environ["CUDA_HOME"]) / "bin"] if os.environ.get("CUDA_HOME") else []
-    try:
+    folders = [Path(os.environ["CUDA_HOME"]) / "bin"] if os.environ.get("CUDA_HOME") else []
+    with contextlib.suppress(ImportError):
         import triton
 
-        candidates.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin")
-    except ImportError:
-        pass
-    for folder in candidates:
-        if found is None and (folder / "cuobjdump").exists():
-            found = str(folder / "cuobjdump")
+        folders.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin")
+    found = shutil.which("cuobjdump") or next(
+        (str(f / "cuobjdump") for f in folders if (f / "cuobjdump").exists()), None
+    )
     if found is None:
         raise RuntimeError("cuobjdump not found (PATH, $CUDA_HOME/bin, or triton's nvidia backend)")
     return found
@@ -106,10 +104,6 @@ def main_loop(instructions: list[tuple[int, str]]) -> list[str]:
     return best
 
 
-def short_name(mangled: str) -> str:
-    return _ptxas._short_name(mangled)
-
-
 def loop_stats(archs: list[str], kernel: str = "attention_kernel<bf16>") -> list[LoopStats]:
     """Compile for each arch and return the main-loop statistics of ``kernel``."""
     nvcc, cuobjdump = _ptxas.find_nvcc(), find_cuobjdump()
@@ -121,7 +115,9 @@ def loop_stats(archs: list[str], kernel: str = "attention_kernel<bf16>") -> list
             sass = subprocess.run(
                 [cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True
             ).stdout
-            matches = {n: body for n, body in functions(sass).items() if short_name(n) == kernel}
+            matches = {
+                n: body for n, body in functions(sass).items() if _ptxas.short_name(n) == kernel
+            }
             if not matches:
                 raise RuntimeError(f"sm_{arch}: no function {kernel!r} in the cubin")
             body = main_loop(next(iter(matches.values())))
