@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A/B kernel variants in one GPU lease.
+#   bench/ab_kernels.sh prepare REF [REF...]   (dev machine) ab/<name>/kernel = kernel/ at git REF
+#                                              (a variant dir may then be edited by hand)
+#   bench/ab_kernels.sh run                    (GPU machine, carry "ab") builds every ab/* variant
+#                                              in parallel, runs AB_TESTS (a pytest -k expression;
+#                                              default: none) and our kernel alone over the grid
+#                                              for each, then prints bench/compare_runs.py's table
+#                                              (base: ab/main where present, else the first).
+# Raw logs and one kdtree-only JSON per variant are packed into $OUT/ab_results.tar.gz (the GPU
+# machine returns at most 8 files), next to compare.txt; $OUT defaults to bench/results/ab.
+set -uo pipefail
+cmd=${1:-}
+shift || true
+case $cmd in
+  prepare)
+    [[ $# -ge 1 ]] || { echo "usage: $0 prepare REF [REF...]" >&2; exit 2; }
+    for ref in "$@"; do
+      name=${ref//[^A-Za-z0-9._-]/_}
+      rm -rf "ab/$name" && mkdir -p "ab/$name"
+      git archive "$ref" kernel | tar -x -C "ab/$name" || exit 1
+      echo "ab/$name <- $ref ($(git rev-parse --short "$ref"))"
+    done
+    ;;
+  run)
+    final_out=${OUT:-bench/results/ab}
+    OUT=$(mktemp -d)/ab_results
+    mkdir -p "$OUT" "$final_out"
+    trap 'tar -czf "$final_out/ab_results.tar.gz" -C "$(dirname "$OUT")" ab_results; cp "$OUT/compare.txt" "$final_out/" 2>/dev/null' EXIT
+    export PYTHONUNBUFFERED=1
+    base_path=${PYTHONPATH:-}
+    export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
+    variants=()
+    [[ -d ab/main ]] && variants+=(main)  # the base of the comparison, where present
+    for d in ab/*/; do [[ $(basename "$d") != main ]] && variants+=("$(basename "$d")"); done
+    [[ ${#variants[@]} -ge 1 ]] || { echo "no variants under ab/ (run prepare first)" >&2; exit 2; }
+    with_variant() {  # with_variant NAME CMD...: run CMD against that variant's package and build
+      local name=$1
+      shift
+      PYTHONPATH="$PWD/ab/$name/kernel:$PWD/services/inference${base_path:+:$base_path}" \
+        KDTREE_BUILD_DIR="/tmp/ab-build/$name" "$@"
+    }
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
+    for name in "${variants[@]}"; do
+      with_variant "$name" python3 -m kdtree_verify._build >"$OUT/$name.build.log" 2>&1 &
+    done
+    rc=0
+    wait
+    for name in "${variants[@]}"; do
+      echo "== $name"
+      tail -2 "$OUT/$name.build.log"
+      if [[ -n ${AB_TESTS:-} ]]; then
+        with_variant "$name" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py \
+          -o addopts="" -k "$AB_TESTS" 2>&1 | tail -4 | tee "$OUT/$name.test.log"
+        rc=$((rc | ${PIPESTATUS[0]}))
+      fi
+      with_variant "$name" python3 bench/kernel_bench.py --kdtree-only ${AB_BENCH_ARGS:-} \
+        --out "$OUT/$name.json" >"$OUT/$name.bench.log" 2>&1
+      rc=$((rc | $?))
+      tail -1 "$OUT/$name.bench.log"
+    done
+    results=()
+    for name in "${variants[@]}"; do [[ -f $OUT/$name.json ]] && results+=("$OUT/$name.json"); done
+    python3 bench/compare_runs.py "${results[@]}" | tee "$OUT/compare.txt"
+    exit $rc
+    ;;
+  *)
+    echo "usage: $0 prepare REF [REF...] | run" >&2
+    exit 2
+    ;;
+esac
