@@ -6,7 +6,8 @@
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
 # op-vs-triton parity over 100 prompts (issues 4 and 5). profile: Nsight Compute on the attention
 # kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
-# 32k), plus the duration of each of the three kernels of one call. tune: the kernel tests, our
+# 32k): stall reasons, per-instruction samples split into main-loop phases (bench/stall_phases.py),
+# and the duration of each of the three kernels of one call. tune: the kernel tests, our
 # kernel alone over the whole grid (no baselines; its ceilings include the mma.sync one) and the
 # profile: one kernel-tuning iteration.
 set -uo pipefail
@@ -58,6 +59,14 @@ if [[ $what == profile || $what == tune ]]; then
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" \
       >"$OUT/ncu_attention_B${b}_H${h}_T${t}_L${l}.log" 2>&1
+    rc=$((rc | $?))
+    # Per-SASS-instruction warp samples: bench/stall_phases.py sums them per main-loop phase.
+    rep=$(mktemp -d)/src
+    ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --import-source yes -o "$rep" \
+      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" >/dev/null 2>&1
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass \
+      >"$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv" && python3 bench/stall_phases.py "$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv"
     rc=$((rc | $?))
     ncu --clock-control none --kernel-name regex:"plan_kernel|attention_kernel|combine_kernel" \
       --launch-skip 6 --launch-count 3 --section SpeedOfLight \
