@@ -214,3 +214,19 @@ def test_committed_json_schema_matches_the_models() -> None:
         "services/parity/kdtree_parity/report/report.schema.json"
     )
     assert json.loads(committed.read_text()) == Report.model_json_schema()
+
+
+def test_report_comparison_nulls_infinite_gaps_and_keeps_drift() -> None:
+    """A gap against a token the other side never ranked is -inf: JSON gets null, not a crash."""
+    from kdtree_parity.compare import PairComparison
+    from kdtree_parity.report.schema import ComparisonModel
+
+    pc = PairComparison(
+        exact=False, common_prefix_len=3, first_divergence=3, divergence_class="hard",
+        divergence_reason="gap", len_a=8, len_b=8, finish_a="length", finish_b="length",
+        token_a=5, token_b=6, gap_a=float("-inf"), gap_b=0.25, drift_values=(0.5, 0.25, 0.0),
+    )  # fmt: skip
+    model = ComparisonModel.model_validate(pc, from_attributes=True)
+    assert model.gap_a is None and model.gap_b == 0.25
+    assert (model.drift.count, model.drift.max) == (3, 0.5)
+    assert json.loads(model.model_dump_json())["gap_a"] is None

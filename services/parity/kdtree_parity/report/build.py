@@ -6,13 +6,12 @@ import math
 import time
 from datetime import UTC, datetime
 
-from kdtree_parity.compare import DriftStats, PairComparison
-from kdtree_parity.gate import PairSummary, decide, summarize
+from kdtree_parity.compare import PairComparison
+from kdtree_parity.gate import decide, summarize
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.report.schema import (
     ComparisonModel,
     CorpusModel,
-    DriftModel,
     ExcessModel,
     PairSummaryModel,
     PolicyModel,
@@ -40,46 +39,8 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-def _drift(d: DriftStats) -> DriftModel:
-    return DriftModel(count=d.count, max=d.max, p99=d.p99, mean=d.mean)
-
-
 def _comparison(c: PairComparison | None) -> ComparisonModel | None:
-    if c is None:
-        return None
-    return ComparisonModel(
-        exact=c.exact,
-        common_prefix_len=c.common_prefix_len,
-        first_divergence=c.first_divergence,
-        divergence_class=c.divergence_class,
-        divergence_reason=c.divergence_reason,
-        len_a=c.len_a,
-        len_b=c.len_b,
-        finish_a=c.finish_a,
-        finish_b=c.finish_b,
-        token_a=c.token_a,
-        token_b=c.token_b,
-        gap_a=_finite(c.gap_a),
-        gap_b=_finite(c.gap_b),
-        drift=_drift(c.drift),
-    )
-
-
-def _pair_summary(p: PairSummary) -> PairSummaryModel:
-    return PairSummaryModel(
-        compared=p.compared,
-        exact=p.exact,
-        exact_rate=p.exact_rate,
-        diverged=p.diverged,
-        divergence_rate=p.divergence_rate,
-        hard=p.hard,
-        near_tie=p.near_tie,
-        length_differs=p.length_differs,
-        finish_differs=p.finish_differs,
-        divergence_positions=list(p.divergence_positions),
-        hard_prompt_ids=list(p.hard_prompt_ids),
-        drift=_drift(p.drift),
-    )
+    return None if c is None else ComparisonModel.model_validate(c, from_attributes=True)
 
 
 def _prompt(result: PromptResult) -> PromptModel:
@@ -145,9 +106,7 @@ def build_report(store: Store, run_id: str) -> Report:
         v = decide(summary, loaded.policy.gate, aborted_because=f"{record.status}: {why}")
         verdict = VerdictModel(
             status=v.status,
-            reasons=[
-                ReasonModel(rule=r.rule, outcome=r.outcome, message=r.message) for r in v.reasons
-            ],
+            reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
         )
     end = record.finished_at
     return Report(
@@ -182,8 +141,8 @@ def build_report(store: Store, run_id: str) -> Report:
             prompts_done=summary.prompts_done,
             prompts_compared=summary.prompts_compared,
             errors=summary.errors,
-            candidate=_pair_summary(summary.candidate),
-            aa=_pair_summary(summary.aa),
+            candidate=PairSummaryModel.model_validate(summary.candidate, from_attributes=True),
+            aa=PairSummaryModel.model_validate(summary.aa, from_attributes=True),
             excess=ExcessModel(
                 divergence_rate=summary.excess_divergence_rate,
                 hard=summary.excess_hard,

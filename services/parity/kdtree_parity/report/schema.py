@@ -6,9 +6,10 @@ Logprobs are natural-log probabilities; ``null`` where a target reported none (o
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from kdtree_parity.policy import Policy
 
@@ -64,6 +65,12 @@ class ComparisonModel(BaseModel):
     gap_a: float | None = Field(description="a: logprob(a's token) - logprob(b's token)")
     gap_b: float | None = Field(description="b: logprob(b's token) - logprob(a's token)")
     drift: DriftModel
+
+    @field_validator("gap_a", "gap_b", mode="before")
+    @classmethod
+    def _finite_or_null(cls, gap: float | None) -> float | None:
+        """JSON has no infinities: a gap against a token the other side never ranked is null."""
+        return None if gap is None or not math.isfinite(gap) else gap
 
 
 class PromptModel(BaseModel):
