@@ -31,6 +31,7 @@ case $cmd in
     base_path=${PYTHONPATH:-}
     export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
     variants=()
+    shopt -s nullglob
     [[ -d ab/main ]] && variants+=(main)  # the base of the comparison, where present
     for d in ab/*/; do [[ $(basename "$d") != main ]] && variants+=("$(basename "$d")"); done
     [[ ${#variants[@]} -ge 1 ]] || { echo "no variants under ab/ (run prepare first)" >&2; exit 2; }
