@@ -6,7 +6,9 @@
 #                                              in parallel, runs AB_TESTS (a pytest -k expression;
 #                                              default: none) and our kernel alone over the grid
 #                                              for each, then prints bench/compare_runs.py's table
-#                                              (base: ab/main where present, else the first).
+#                                              (base: ab/main where present, else the first);
+#                                              AB_BENCH_ARGS go to kernel_bench.py (e.g.
+#                                              "--shapes 1x8x8x32768,8x16x16x4096").
 # Raw logs and one kdtree-only JSON per variant are packed into $OUT/ab_results.tar.gz (the GPU
 # machine returns at most 8 files), next to compare.txt; $OUT defaults to bench/results/ab.
 set -uo pipefail
@@ -42,18 +44,26 @@ case $cmd in
         KDTREE_BUILD_DIR="/tmp/ab-build/$name" "$@"
     }
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
+    declare -A build_pid
     for name in "${variants[@]}"; do
       with_variant "$name" python3 -m kdtree_verify._build >"$OUT/$name.build.log" 2>&1 &
+      build_pid[$name]=$!
     done
     rc=0
-    wait
     for name in "${variants[@]}"; do
       echo "== $name"
-      tail -2 "$OUT/$name.build.log"
+      if ! wait "${build_pid[$name]}"; then
+        echo "build failed:"
+        tail -20 "$OUT/$name.build.log"
+        rc=1
+        continue
+      fi
+      tail -1 "$OUT/$name.build.log"
       if [[ -n ${AB_TESTS:-} ]]; then
         with_variant "$name" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py \
-          -o addopts="" -k "$AB_TESTS" 2>&1 | tail -4 | tee "$OUT/$name.test.log"
-        rc=$((rc | ${PIPESTATUS[0]}))
+          -o addopts="" -k "$AB_TESTS" >"$OUT/$name.test.log" 2>&1
+        rc=$((rc | $?))
+        tail -1 "$OUT/$name.test.log"
       fi
       with_variant "$name" python3 bench/kernel_bench.py --kdtree-only ${AB_BENCH_ARGS:-} \
         --out "$OUT/$name.json" >"$OUT/$name.bench.log" 2>&1
@@ -62,7 +72,9 @@ case $cmd in
     done
     results=()
     for name in "${variants[@]}"; do [[ -f $OUT/$name.json ]] && results+=("$OUT/$name.json"); done
-    python3 bench/compare_runs.py "${results[@]}" | tee "$OUT/compare.txt"
+    if [[ ${#results[@]} -ge 1 ]]; then
+      python3 bench/compare_runs.py "${results[@]}" | tee "$OUT/compare.txt"
+    fi
     exit $rc
     ;;
   *)
