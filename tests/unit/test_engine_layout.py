@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kdtree_inference.engine.config import EngineConfig, SpecConfig
-from kdtree_inference.engine.scheduler import Engine, GenerationRequest
+from kdtree_inference.engine.scheduler import Engine
 
 N = 8
 SPEC = SpecConfig(num_draft_tokens=N, topk=2, max_depth=5)
@@ -38,19 +38,7 @@ def _record_calls(
             calls.append(snap)
 
         engine.model.attention.observers.append(observe)
-        futures = [
-            engine.submit(
-                GenerationRequest(
-                    rid=str(i),
-                    input_ids=engine.tokenizer.encode(p),
-                    max_new_tokens=12,
-                    ignore_eos=True,
-                    temperature=0.0,
-                )
-            )
-            for i, p in enumerate(prompts)
-        ]
-        outputs = [f.result(timeout=120).output_ids for f in futures]
+        outputs = [r.output_ids for r in engine.generate_greedy(prompts, 12, timeout=120)]
     finally:
         engine.stop()
     return calls, outputs

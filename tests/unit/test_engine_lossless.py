@@ -11,7 +11,7 @@ import pytest
 
 from kdtree_inference.engine.config import EngineConfig, SpecConfig
 from kdtree_inference.engine.corpus import prompts
-from kdtree_inference.engine.scheduler import Engine, GenerationRequest
+from kdtree_inference.engine.scheduler import Engine
 
 TREE_SHAPES = {
     "chain4": SpecConfig(num_draft_tokens=4, topk=1, max_depth=3),
@@ -27,19 +27,7 @@ def _run(attention: str, spec: SpecConfig, batch: int) -> tuple[list[list[int]],
     engine.start()
     try:
         engine.wait_ready()
-        futures = [
-            engine.submit(
-                GenerationRequest(
-                    rid=str(i),
-                    input_ids=engine.tokenizer.encode(text),
-                    max_new_tokens=MAX_NEW,
-                    ignore_eos=True,
-                    temperature=0.0,
-                )
-            )
-            for i, text in enumerate(PROMPTS)
-        ]
-        results = [f.result(timeout=300) for f in futures]
+        results = engine.generate_greedy(PROMPTS, MAX_NEW, timeout=300)
     finally:
         engine.stop()
     accepted = sum(r.spec_num_correct_drafts for r in results)
@@ -87,19 +75,7 @@ def test_triton_backend_under_interpreter_is_lossless() -> None:
         engine.start()
         try:
             engine.wait_ready()
-            futures = [
-                engine.submit(
-                    GenerationRequest(
-                        rid=str(i),
-                        input_ids=engine.tokenizer.encode(t),
-                        max_new_tokens=12,
-                        ignore_eos=True,
-                        temperature=0.0,
-                    )
-                )
-                for i, t in enumerate(texts)
-            ]
-            return [f.result(timeout=600) for f in futures]
+            return engine.generate_greedy(texts, 12, timeout=600)
         finally:
             engine.stop()
 
@@ -116,14 +92,7 @@ def test_validate_mode_serves_the_baseline_and_records_the_difference(
     engine.start()
     try:
         engine.wait_ready()
-        futures = [
-            engine.submit(
-                GenerationRequest(rid=str(i), input_ids=engine.tokenizer.encode(text),
-                                  max_new_tokens=MAX_NEW, ignore_eos=True, temperature=0.0)
-            )
-            for i, text in enumerate(PROMPTS)
-        ]  # fmt: skip
-        outputs = [f.result(timeout=300).output_ids for f in futures]
+        outputs = [r.output_ids for r in engine.generate_greedy(PROMPTS, MAX_NEW, timeout=300)]
         backend = engine.model.attention
         assert outputs == plain_greedy
         assert backend.validate_calls > 0

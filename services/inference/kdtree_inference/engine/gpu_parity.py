@@ -23,7 +23,7 @@ import torch
 
 from .config import EngineConfig, ModelConfig, SpecConfig
 from .corpus import prompts
-from .scheduler import Engine, GenerationRequest, GenerationResult
+from .scheduler import Engine, GenerationResult
 
 NEAR_TIE = 0.1  # bf16 logit noise: top-1/top-2 gaps below this may legitimately flip
 
@@ -34,21 +34,7 @@ def run_corpus(config: EngineConfig, texts: list[str], max_new_tokens: int) -> t
     try:
         engine.wait_ready(timeout=600)
         start = time.perf_counter()
-        futures = [
-            engine.submit(
-                GenerationRequest(
-                    rid=str(i),
-                    input_ids=engine.tokenizer.encode(t),
-                    max_new_tokens=max_new_tokens,
-                    ignore_eos=True,
-                    temperature=0.0,
-                    return_logprob=True,
-                    top_logprobs_num=2,
-                )
-            )
-            for i, t in enumerate(texts)
-        ]
-        results = [f.result(timeout=1800) for f in futures]
+        results = engine.generate_greedy(texts, max_new_tokens, top_logprobs_num=2, timeout=1800)
         return results, time.perf_counter() - start
     finally:
         engine.stop()

@@ -14,30 +14,14 @@ import sys
 
 from .config import EngineConfig, ModelConfig
 from .corpus import prompts
-from .scheduler import Engine, GenerationRequest
+from .scheduler import Engine
 
 NEAR_TIE = 0.01  # below this gap float rounding differences between kernels can flip argmax
 
 
 def greedy_margins(engine: Engine, texts: list[str], max_new_tokens: int) -> list[float]:
-    futures = [
-        engine.submit(
-            GenerationRequest(
-                rid=f"margin-{i}",
-                input_ids=engine.tokenizer.encode(text),
-                max_new_tokens=max_new_tokens,
-                ignore_eos=True,
-                return_logprob=True,
-                top_logprobs_num=2,
-            )
-        )
-        for i, text in enumerate(texts)
-    ]
-    gaps = []
-    for future in futures:
-        for top in future.result().output_top_logprobs:
-            gaps.append(top[0][0] - top[1][0])
-    return gaps
+    results = engine.generate_greedy(texts, max_new_tokens, top_logprobs_num=2)
+    return [top[0][0] - top[1][0] for r in results for top in r.output_top_logprobs]
 
 
 def summarize(gaps: list[float]) -> dict:

@@ -167,6 +167,35 @@ class Engine:
     def generate(self, req: GenerationRequest, timeout: float | None = None) -> GenerationResult:
         return self.submit(req).result(timeout=timeout)
 
+    def generate_greedy(
+        self,
+        texts: list[str],
+        max_new_tokens: int,
+        *,
+        top_logprobs_num: int = 0,
+        timeout: float | None = None,
+    ) -> list[GenerationResult]:
+        """Greedy continuations of ``texts`` (exactly ``max_new_tokens`` each), in order.
+
+        All are submitted before any is awaited, so they share verify forwards (ragged batches).
+        ``top_logprobs_num`` > 0 also returns that many top logprobs per generated position.
+        """
+        futures = [
+            self.submit(
+                GenerationRequest(
+                    rid=str(i),
+                    input_ids=self.tokenizer.encode(text),
+                    max_new_tokens=max_new_tokens,
+                    ignore_eos=True,
+                    temperature=0.0,
+                    return_logprob=top_logprobs_num > 0,
+                    top_logprobs_num=top_logprobs_num,
+                )
+            )
+            for i, text in enumerate(texts)
+        ]
+        return [f.result(timeout=timeout) for f in futures]
+
     def max_request_tokens(self) -> int:
         """Most KV slots one request may need: prompt + output + one draft tree."""
         return self.config.kv_pool_size - 1
