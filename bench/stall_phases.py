@@ -31,7 +31,7 @@ LANDMARKS = (
 )
 
 
-def read_instructions(path: Path) -> tuple[list[dict], list[str]]:
+def read_instructions(path: Path) -> list[dict]:
     """Rows of the SASS table (ncu writes the kernel name on the first line, then the header)."""
     with path.open(newline="") as f:
         rows = list(csv.reader(f))
@@ -48,7 +48,7 @@ def read_instructions(path: Path) -> tuple[list[dict], list[str]]:
                 "stalls": {h[len(STALL_PREFIX) :]: int(rec[h] or 0) for h in stalls},
             }
         )
-    return records, stalls
+    return records
 
 
 def opcode(sass: str) -> str:
@@ -80,7 +80,7 @@ def phase_bounds(instrs: list[dict]) -> list[tuple[str, int, int]]:
 
 
 def report(path: Path) -> str:
-    instrs, _ = read_instructions(path)
+    instrs = read_instructions(path)
     total = sum(x["samples"] for x in instrs) or 1
     lines = [f"{path.name}: {total} warp samples"]
     for name, lo, hi in phase_bounds(instrs):

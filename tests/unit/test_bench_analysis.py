@@ -75,7 +75,7 @@ LOOP = [
 
 
 def test_stall_phases_split_at_the_landmarks(tmp_path: Path) -> None:
-    instrs, _ = stall_phases.read_instructions(_sass_csv(tmp_path / "k.csv", LOOP))
+    instrs = stall_phases.read_instructions(_sass_csv(tmp_path / "k.csv", LOOP))
     bounds = {name: (lo, hi) for name, lo, hi in stall_phases.phase_bounds(instrs)}
     assert bounds == {
         "prologue": (0, 0),
@@ -93,7 +93,7 @@ def test_stall_phases_split_at_the_landmarks(tmp_path: Path) -> None:
 
 def test_stall_phases_name_a_missing_landmark(tmp_path: Path) -> None:
     no_exp = [x for x in LOOP if not x[0].startswith("MUFU")]
-    instrs, _ = stall_phases.read_instructions(_sass_csv(tmp_path / "k.csv", no_exp))
+    instrs = stall_phases.read_instructions(_sass_csv(tmp_path / "k.csv", no_exp))
     with pytest.raises(ValueError, match=r"MUFU\.EX2"):
         stall_phases.phase_bounds(instrs)
 
@@ -101,7 +101,7 @@ def test_stall_phases_name_a_missing_landmark(tmp_path: Path) -> None:
 def test_committed_profile_phases_cover_every_sample() -> None:
     """The committed H200 profile (gpu_run14_profile) splits without losing a sample."""
     path = RESULTS / "gpu_run14_profile" / "src_B1_H128_T16_L32768.sass.csv"
-    instrs, _ = stall_phases.read_instructions(path)
+    instrs = stall_phases.read_instructions(path)
     bounds = stall_phases.phase_bounds(instrs)
     covered = sum(sum(x["samples"] for x in instrs[lo : hi + 1]) for _, lo, hi in bounds)
     assert covered == sum(x["samples"] for x in instrs) > 0
