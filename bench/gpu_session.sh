@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the memcheck
-# subset and the benchmark, keeping every raw log under $OUT (default bench/results/run).
+# One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the sanitizer
+# subset (memcheck, synccheck, racecheck) and the benchmark, keeping every raw log under $OUT (default bench/results/run).
 # Usage (on the GPU machine, repo root):
 #   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune]
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
@@ -25,8 +25,13 @@ if [[ $what == all || $what == test ]]; then
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
 if [[ $what == all || $what == sanitize ]]; then
-  compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py 2>&1 | tail -30 | tee "$OUT/sanitize.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  # memcheck: out-of-bounds and misaligned accesses; synccheck: barrier misuse; racecheck:
+  # shared-memory hazards between warps.
+  for tool in memcheck synccheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py 2>&1 \
+      | tail -30 | tee "$OUT/sanitize_$tool.log"
+    rc=$((rc | ${PIPESTATUS[0]}))
+  done
 fi
 if [[ $what == all || $what == bench ]]; then
   python3 bench/kernel_bench.py --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
