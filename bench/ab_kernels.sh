@@ -9,9 +9,20 @@
 #                                              (base: ab/main where present, else the first);
 #                                              AB_BENCH_ARGS go to kernel_bench.py (e.g.
 #                                              "--shapes 1x8x8x32768,8x16x16x4096").
+#   bench/ab_kernels.sh with NAME CMD [ARG...] runs CMD against variant NAME: its kdtree_verify
+#                                              first on PYTHONPATH and its own build dir
+#                                              (/tmp/ab-build/NAME), for what run does not do
+#                                              (a test subset, ncu, compute-sanitizer; build it
+#                                              with "python3 -m kdtree_verify._build").
 # Raw logs and one kdtree-only JSON per variant are packed into $OUT/ab_results.tar.gz (the GPU
 # machine returns at most 8 files), next to compare.txt; $OUT defaults to bench/results/ab.
 set -uo pipefail
+with_variant() {  # with_variant NAME CMD...: run CMD against variant NAME's package and build dir
+  local name=$1
+  shift
+  PYTHONPATH="$PWD/ab/$name/kernel:$PWD/services/inference${PYTHONPATH:+:$PYTHONPATH}" \
+    KDTREE_BUILD_DIR="/tmp/ab-build/$name" "$@"
+}
 cmd=${1:-}
 shift || true
 case $cmd in
@@ -24,25 +35,23 @@ case $cmd in
       echo "ab/$name <- $ref ($(git rev-parse --short "$ref"))"
     done
     ;;
+  with)
+    [[ $# -ge 2 ]] || { echo "usage: $0 with NAME CMD [ARG...]" >&2; exit 2; }
+    [[ -d ab/$1/kernel ]] || { echo "no variant ab/$1 (run prepare first)" >&2; exit 2; }
+    with_variant "$@"
+    ;;
   run)
     final_out=${OUT:-bench/results/ab}
     OUT=$(mktemp -d)/ab_results
     mkdir -p "$OUT" "$final_out"
     trap 'tar -czf "$final_out/ab_results.tar.gz" -C "$(dirname "$OUT")" ab_results; cp "$OUT/compare.txt" "$final_out/" 2>/dev/null' EXIT
     export PYTHONUNBUFFERED=1
-    base_path=${PYTHONPATH:-}
     export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
     variants=()
     shopt -s nullglob
     [[ -d ab/main ]] && variants+=(main)  # the base of the comparison, where present
     for d in ab/*/; do [[ $(basename "$d") != main ]] && variants+=("$(basename "$d")"); done
     [[ ${#variants[@]} -ge 1 ]] || { echo "no variants under ab/ (run prepare first)" >&2; exit 2; }
-    with_variant() {  # with_variant NAME CMD...: run CMD against that variant's package and build
-      local name=$1
-      shift
-      PYTHONPATH="$PWD/ab/$name/kernel:$PWD/services/inference${base_path:+:$base_path}" \
-        KDTREE_BUILD_DIR="/tmp/ab-build/$name" "$@"
-    }
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
     declare -A build_pid
     for name in "${variants[@]}"; do
@@ -78,7 +87,7 @@ case $cmd in
     exit $rc
     ;;
   *)
-    echo "usage: $0 prepare REF [REF...] | run" >&2
+    echo "usage: $0 prepare REF [REF...] | run | with NAME CMD [ARG...]" >&2
     exit 2
     ;;
 esac

@@ -1,11 +1,13 @@
 """bench/ab_kernels.sh's dev-machine half: ``prepare`` copies kernel/ at a git ref into ab/<name>,
-and ``run`` refuses clearly when there is nothing to compare (its GPU half runs on the GPU
-machine; its results are under bench/results/gpu_run1[2-6]*)."""
+``with`` runs a command against one variant's package, and ``run`` refuses clearly when there is
+nothing to compare (its GPU half runs on the GPU machine; its results are under
+bench/results/gpu_run1[2-7]*)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,23 @@ def test_run_without_variants_says_what_to_do(clone: Path, tmp_path: Path) -> No
     done = _ab(clone, "run", OUT=str(tmp_path / "out"), KDTREE_CUDA_ARCHS="90")
     assert done.returncode == 2
     assert "run prepare first" in done.stderr
+
+
+def test_with_runs_a_command_against_the_variant(clone: Path) -> None:
+    assert _ab(clone, "prepare", "HEAD").returncode == 0
+    probe = "import os, kdtree_verify; print(kdtree_verify.__file__); print(os.environ['KDTREE_BUILD_DIR'])"
+    done = _ab(clone, "with", "HEAD", sys.executable, "-c", probe)
+    assert done.returncode == 0, done.stderr
+    package, build_dir = done.stdout.split()
+    assert Path(package).resolve().is_relative_to((clone / "ab" / "HEAD" / "kernel").resolve())
+    assert build_dir == "/tmp/ab-build/HEAD"
+
+
+def test_with_refuses_an_unknown_variant_and_keeps_the_exit_status(clone: Path) -> None:
+    done = _ab(clone, "with", "nope", "true")
+    assert done.returncode == 2 and "no variant ab/nope" in done.stderr
+    assert _ab(clone, "prepare", "HEAD").returncode == 0
+    assert _ab(clone, "with", "HEAD", "sh", "-c", "exit 7").returncode == 7
 
 
 def test_usage_errors() -> None:
