@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the sanitizer
-# subset (memcheck, synccheck, racecheck) and the benchmark, keeping every raw log under $OUT (default bench/results/run).
+# One GPU-machine session: build the kernel for the local GPU, run the GPU tests, the sanitizers
+# (memcheck, synccheck, racecheck) over a case subset and the benchmark, keeping every raw log
+# under $OUT (default bench/results/run).
 # Usage (on the GPU machine, repo root):
 #   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune]
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
