@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .corpus import prompts
-from .launch import EngineProcess
+from .launch import EngineProcess, interrupts_deferred, stop_process
 
 
 @dataclass
@@ -85,16 +85,22 @@ def compare_with_sidecar(
         "  max_excess_divergence_rate: 0.05\n  max_logprob_drift_p99: 0.01\n"
     )
     before = set(out_dir.glob("*/report.json"))
-    done = subprocess.run(
-        [sys.executable, "-m", "kdtree_parity.cli", "run",
-         "--baseline", baseline.url, "--candidate", candidate.url,
-         "--corpus", str(corpus_path), "--policy", str(policy_path),
-         "--out", str(out_dir), "--db", str(out_dir / "parity.sqlite3")],
-        check=False,
-    )  # fmt: skip
+    sidecar = None
+    try:
+        with interrupts_deferred():  # Ctrl-C while it starts must not orphan the sidecar
+            sidecar = subprocess.Popen(
+                [sys.executable, "-m", "kdtree_parity.cli", "run",
+                 "--baseline", baseline.url, "--candidate", candidate.url,
+                 "--corpus", str(corpus_path), "--policy", str(policy_path),
+                 "--out", str(out_dir), "--db", str(out_dir / "parity.sqlite3")],
+            )  # fmt: skip
+        returncode = sidecar.wait()
+    finally:
+        if sidecar is not None:
+            stop_process(sidecar)
     new = sorted(set(out_dir.glob("*/report.json")) - before)
     if len(new) != 1:
-        return [], None, done.returncode
+        return [], None, returncode
     report = json.loads(new[0].read_text())
     rows = []
     for prompt in report["prompts"]:
@@ -105,7 +111,7 @@ def compare_with_sidecar(
                 prompt["prompt"], base["output_ids"], cand["output_ids"], base["text"], cand["text"]
             )
         )
-    return rows, new[0].with_name("report.html"), done.returncode
+    return rows, new[0].with_name("report.html"), returncode
 
 
 def print_report(rows: list[PromptComparison], info: dict[str, dict]) -> None:
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     servers: list[EngineProcess] = []
     try:
-        servers = list(start_pair(log_dir, args.device, candidate_options))
+        with interrupts_deferred():  # Ctrl-C while they start must not orphan a server
+            servers = list(start_pair(log_dir, args.device, candidate_options))
         print(f"starting baseline and candidate servers (logs in {log_dir}) ...", flush=True)
         for server in servers:
             server.wait(timeout=300)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -30,6 +34,43 @@ def cli_flags(options: dict) -> list[str]:
         elif value is not None and value is not False:
             flags += [flag, str(value)]
     return flags
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block ends, then deliver the first one caught.
+
+    Start a child inside the block and bind it where a ``finally`` can stop it: an interrupt that
+    lands inside ``Popen()`` itself would otherwise leave the child running with nobody holding
+    its pid. The child starts with default handlers (exec resets caught signals). Python delivers
+    signals to the main thread only, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: caught.append(signum)) for sig in held
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; nothing if it has already exited."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
 
 
 def health_status(url: str) -> int | None:
@@ -82,10 +123,4 @@ class EngineProcess:
         raise TimeoutError(f"engine at {self.url} not ready after {timeout}s:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout)
+        stop_process(self.proc, timeout)
