@@ -265,16 +265,16 @@ def build_inputs(pool: Pool, B: int, H: int, T: int, prefix: int, gen: torch.Gen
     }
 
 
+def ideal_us(nbytes: float, flops: float, copy_tbps: float, tflops: float) -> float:
+    """The roofline time: the slower of moving the bytes and doing the FLOPs at these rates."""
+    return max(nbytes / (copy_tbps * 1e12), flops / (tflops * 1e12)) * 1e6
+
+
 def roofline(B: int, H: int, T: int, prefix: int, ceilings: dict) -> tuple[float, float, float]:
     """(bytes, flops, ideal_us): KV read once + Q read + out write; QK^T and PV over prefix + T."""
-    kv_bytes = B * (prefix + T) * QK * 2
-    io_bytes = B * T * H * (QK + DV) * 2
+    nbytes = B * (prefix + T) * QK * 2 + B * T * H * (QK + DV) * 2
     flops = 2.0 * B * T * H * (prefix + T) * (QK + DV)
-    ideal_s = max(
-        (kv_bytes + io_bytes) / (ceilings["copy_TBps"] * 1e12),
-        flops / (ceilings["matmul_TFLOPs"] * 1e12),
-    )
-    return kv_bytes + io_bytes, flops, ideal_s * 1e6
+    return nbytes, flops, ideal_us(nbytes, flops, ceilings["copy_TBps"], ceilings["matmul_TFLOPs"])
 
 
 def mma_sync_efficiency(nbytes: float, flops: float, us: float, ceilings: dict) -> float | None:
@@ -282,10 +282,8 @@ def mma_sync_efficiency(nbytes: float, flops: float, us: float, ceilings: dict) 
     how far the kernel is from what sm_80-level code can do on this GPU."""
     if not ceilings.get("mma_sync_TFLOPs"):
         return None
-    ideal_s = max(
-        nbytes / (ceilings["copy_TBps"] * 1e12), flops / (ceilings["mma_sync_TFLOPs"] * 1e12)
-    )
-    return round(ideal_s * 1e6 / us, 3)
+    ideal = ideal_us(nbytes, flops, ceilings["copy_TBps"], ceilings["mma_sync_TFLOPs"])
+    return round(ideal / us, 3)
 
 
 def summarize(records: list[dict]) -> dict:
@@ -412,12 +410,12 @@ def main() -> int:
         rec["kdtree_layer_us"] = round(timer.per_call_us(kdtree_call), 2)
         rec["kdtree_plan_us"] = round(timer.per_call_us(plan_call), 2)
         rec["kdtree_us"] = round(rec["kdtree_layer_us"] + rec["kdtree_plan_us"] / LAYERS, 2)
-        nbytes, flops, ideal_us = roofline(B, H, T, P, ceilings)
+        nbytes, flops, ideal = roofline(B, H, T, P, ceilings)
         rec.update(
             bytes=nbytes,
             flops=flops,
-            ideal_us=round(ideal_us, 2),
-            roofline_efficiency=round(ideal_us / rec["kdtree_us"], 3),
+            ideal_us=round(ideal, 2),
+            roofline_efficiency=round(ideal / rec["kdtree_us"], 3),
             mma_sync_roofline_efficiency=mma_sync_efficiency(
                 nbytes, flops, rec["kdtree_us"], ceilings
             ),
