@@ -11,8 +11,15 @@ delimited by landmark instructions in program order:
     softmax + publish  up to the first LDSM.16.MT88 (V fragments of P V)
     P V                up to the loop's back branch (last instruction executed as often)
 
-Prints each phase's share of all samples and its top stall reasons (share of all samples).
-Usage: python bench/stall_phases.py FILE.csv [FILE.csv ...]
+Prints each phase's share of all samples and its top stall reasons (share of all samples), and
+the instructions the whole kernel executes per HMMA.
+
+Kernels without those landmarks (the warp-specialized branch, whose two warp roles run two
+loops) are split by explicit regions instead: ``--region NAME=LO:HI`` sums rows LO..HI-1 of the
+SASS table (0-based, header lines excluded) and prints their share of the samples, the
+instructions they execute per HMMA and their top stall reasons (share of the region's samples).
+
+Usage: python bench/stall_phases.py [--region NAME=LO:HI ...] FILE.csv [FILE.csv ...]
 """
 
 from __future__ import annotations
@@ -79,10 +86,50 @@ def phase_bounds(instrs: list[dict]) -> list[tuple[str, int, int]]:
     return bounds
 
 
+def per_hmma(instrs: list[dict]) -> float:
+    """Instructions executed per HMMA executed."""
+    hmma = sum(x["executed"] for x in instrs if opcode(x["sass"]).startswith("HMMA"))
+    if not hmma:
+        raise ValueError("no HMMA executed in these instructions")
+    return sum(x["executed"] for x in instrs) / hmma
+
+
+def parse_region(text: str) -> tuple[str, int, int]:
+    """'pv=540:962' -> ('pv', 540, 962)."""
+    try:
+        name, bounds = text.split("=")
+        lo, hi = (int(x) for x in bounds.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=LO:HI; got {text!r}") from None
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"need 0 <= LO < HI; got {text!r}")
+    return name, lo, hi
+
+
+def region_report(path: Path, regions: list[tuple[str, int, int]]) -> str:
+    instrs = read_instructions(path)
+    total = sum(x["samples"] for x in instrs) or 1
+    lines = [f"{path.name}: {total} warp samples, {per_hmma(instrs):.2f} instructions per HMMA"]
+    for name, lo, hi in regions:
+        if hi > len(instrs):
+            raise ValueError(f"region {name} ends at {hi}, past the table's {len(instrs)} rows")
+        part = instrs[lo:hi]
+        samples = sum(x["samples"] for x in part) or 1
+        reasons: Counter[str] = Counter()
+        for x in part:
+            reasons.update(x["stalls"])
+        top = ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in reasons.most_common(4) if v)
+        lines.append(
+            f"  {name:10s} {100 * samples / total:5.1f}% of samples  "
+            f"{per_hmma(part):.2f} per HMMA  ({top})"
+        )
+    return "\n".join(lines)
+
+
 def report(path: Path) -> str:
     instrs = read_instructions(path)
     total = sum(x["samples"] for x in instrs) or 1
-    lines = [f"{path.name}: {total} warp samples"]
+    lines = [f"{path.name}: {total} warp samples, {per_hmma(instrs):.2f} instructions per HMMA"]
     for name, lo, hi in phase_bounds(instrs):
         part = instrs[lo : hi + 1]
         samples = sum(x["samples"] for x in part)
@@ -97,8 +144,12 @@ def report(path: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("csv", nargs="+", type=Path)
+    parser.add_argument("--region", type=parse_region, action="append", metavar="NAME=LO:HI")
     args = parser.parse_args()
-    print("\n\n".join(report(p) for p in args.csv))
+    if args.region:
+        print("\n\n".join(region_report(p, args.region) for p in args.csv))
+    else:
+        print("\n\n".join(report(p) for p in args.csv))
     return 0
 
 

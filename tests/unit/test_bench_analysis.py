@@ -1,12 +1,14 @@
 """bench/compare_runs.py and bench/stall_phases.py: comparing result files shape by shape, and
-splitting Nsight Compute's per-instruction samples into main-loop phases (both run on committed
-files, no GPU)."""
+splitting Nsight Compute's per-instruction samples into main-loop phases or explicit regions
+(both run on committed files, no GPU)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,50 @@ def test_committed_profile_phases_cover_every_sample() -> None:
     covered = sum(sum(x["samples"] for x in instrs[lo : hi + 1]) for _, lo, hi in bounds)
     assert covered == sum(x["samples"] for x in instrs) > 0
     assert [lo for _, lo, _ in bounds] == sorted(lo for _, lo, _ in bounds)
+
+
+def test_regions_count_instructions_per_hmma_and_their_stalls(tmp_path: Path) -> None:
+    path = _sass_csv(tmp_path / "k.csv", LOOP)
+    instrs = stall_phases.read_instructions(path)
+    assert stall_phases.per_hmma(instrs) == pytest.approx(609 / 100)  # all executed / HMMA
+    text = stall_phases.region_report(path, [("mma", 2, 4), ("loop", 1, 9)])
+    assert "23 warp samples, 6.09 instructions per HMMA" in text
+    assert "mma         56.5% of samples  2.00 per HMMA  (wait 76.9%, short_sb 23.1%)" in text
+    assert "loop        95.7% of samples  6.08 per HMMA  (wait 63.6%, short_sb 36.4%)" in text
+    with pytest.raises(ValueError, match="no HMMA"):
+        stall_phases.region_report(path, [("rest", 5, 9)])
+    with pytest.raises(ValueError, match="past the table"):
+        stall_phases.region_report(path, [("all", 0, 10)])
+
+
+def test_parse_region() -> None:
+    assert stall_phases.parse_region("pv=540:962") == ("pv", 540, 962)
+    for bad in ("pv=9:9", "pv540:962", "pv=a:b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            stall_phases.parse_region(bad)
+
+
+@pytest.mark.parametrize(
+    ("run", "csv_name", "regions", "whole", "per_region"),
+    [
+        # bench/README.md's figures for the warp-specialized branch (runs 20 and 22)
+        ("gpu_run20_ws_profile/run20.tgz", "run20/sass_ws.csv",
+         [("pv", 540, 962), ("softmax", 2470, 2800)], 5.23, [5.62, 4.82]),
+        ("gpu_run22_ws_unrolled/run22.tgz", "run22/sass_wsu.csv",
+         [("pv", 520, 1980), ("softmax", 3450, 4500)], 4.03, [4.26, 3.76]),
+    ],
+)  # fmt: skip
+def test_committed_warp_specialized_profiles(
+    tmp_path: Path, run: str, csv_name: str, regions: list, whole: float, per_region: list
+) -> None:
+    with tarfile.open(RESULTS / run) as tar:
+        tar.extract(csv_name, tmp_path, filter="data")
+    instrs = stall_phases.read_instructions(tmp_path / csv_name)
+    assert round(stall_phases.per_hmma(instrs), 2) == whole
+    got = [round(stall_phases.per_hmma(instrs[lo:hi]), 2) for _, lo, hi in regions]
+    assert got == per_region
+
+
+def test_committed_main_profile_executes_3_75_instructions_per_hmma() -> None:
+    path = RESULTS / "gpu_run18_profile_mode" / "sass_B1_H128_T16_L32768.csv"
+    assert round(stall_phases.per_hmma(stall_phases.read_instructions(path)), 2) == 3.75
