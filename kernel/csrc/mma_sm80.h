@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace kdtree {
 
@@ -16,30 +18,30 @@ namespace kdtree {
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
+// Element-type operations of the kernels: Elem is __nv_bfloat16 or __half.
 template <typename Elem>
-struct ElemOps;
+struct ElemOps {
+  static constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
+  static_assert(kBF16 || std::is_same_v<Elem, __half>, "bf16 or fp16 only");
 
-template <>
-struct ElemOps<__nv_bfloat16> {
+  // Two floats rounded to Elem, packed as one 32-bit MMA operand register.
   static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
+    const auto v = [&] {
+      if constexpr (kBF16)
+        return __floats2bfloat162_rn(a, b);
+      else
+        return __floats2half2_rn(a, b);
+    }();
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof(bits));
+    return bits;
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    KDTREE_MMA_M16N8K16("bf16", c, a, b0, b1);
-  }
-};
-
-template <>
-struct ElemOps<__half> {
-  static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    KDTREE_MMA_M16N8K16("f16", c, a, b0, b1);
+    if constexpr (kBF16)
+      KDTREE_MMA_M16N8K16("bf16", c, a, b0, b1);
+    else
+      KDTREE_MMA_M16N8K16("f16", c, a, b0, b1);
   }
 };
 
