@@ -77,6 +77,21 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Programmatic dependent launch (sm_90+, which includes sm_120): the attention kernel lets the
+// combine kernel launch early, and the combine kernel waits for the attention grid's completion
+// (and its memory) only before it reads the partials. Compiled out for sm_80, where the host also
+// launches the combine kernel without the attribute.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t load_u32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -227,6 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   static_assert(kKvRowChunks % kLoadThreadsPerRow == 0 && kLoadThreadsPerRow == 8,
                 "each loader thread copies whole chunks at a constant swizzled stride");
   extern __shared__ __align__(128) uint8_t smem[];
+  // Every attention CTA is resident by now, so the combine CTAs this releases only take SMs that
+  // no attention CTA is waiting for; they read their metadata, then wait for this grid to finish.
+  allow_dependent_launch();
   const int slot = blockIdx.x;
   const int split = blockIdx.y;
   const int b = p.tile_req[slot];
@@ -658,6 +676,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int64_t base = slot * kBlockM + r;
   const int ns = meta.num_splits;
   const int64_t tok = meta.qo_start + t;
+  wait_for_prerequisite_grid();  // the partials and LSEs of the attention kernel
 
   auto load_batch = [&](int s0, float4 (&v)[kCombineBatch][4]) {
 #pragma unroll
@@ -740,6 +759,38 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   }
 }
 
+// Programmatic dependent launch needs compute capability 9.0 (cached per device).
+bool device_supports_pdl() {
+  constexpr int kMaxDevices = 64;
+  static int8_t cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  if (cached[dev] == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cached[dev] = major >= 9 ? 2 : 1;
+  }
+  return cached[dev] == 2;
+}
+
+// Launch `kernel` so that it may start while the previous kernel on `stream` is finishing (it
+// must call wait_for_prerequisite_grid() before touching that kernel's output), or as a plain
+// launch where the device has no programmatic dependent launch.
+void launch_maybe_dependent(void (*kernel)(VerifyParams), dim3 grid, int threads, int smem,
+                            cudaStream_t stream, const VerifyParams& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = device_supports_pdl() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 template <typename Elem>
 void prepare_attention_kernel() {
   // Opt in to > 48 KB dynamic shared memory once per instantiation (not a stream operation, so
@@ -761,8 +812,11 @@ void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
 
 template <typename Elem>
 void launch_combine_t(const VerifyParams& p, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;  // one CTA per row
-  combine_kernel<Elem><<<static_cast<unsigned>(rows), kCombineWarps * 32, 0, stream>>>(p);
+  // One CTA per row, launched as a programmatic dependent of the attention kernel where the
+  // device supports it.
+  const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;
+  launch_maybe_dependent(combine_kernel<Elem>, dim3(static_cast<unsigned>(rows)),
+                         kCombineWarps * 32, 0, stream, p);
 }
 
 }  // namespace
