@@ -242,6 +242,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   static_assert(kKvRowChunks % kLoadThreadsPerRow == 0 && kLoadThreadsPerRow == 8,
                 "each loader thread copies whole chunks at a constant swizzled stride");
   extern __shared__ __align__(128) uint8_t smem[];
+  // Launched as a programmatic dependent of whatever ran before on the stream (sm_90+): the CTAs
+  // start while it finishes, and wait for it (and its memory) before reading any input, the
+  // plan's output included.
+  wait_for_prerequisite_grid();
   // Every attention CTA is resident by now, so the combine CTAs this releases only take SMs that
   // no attention CTA is waiting for; they read their metadata, then wait for this grid to finish.
   allow_dependent_launch();
@@ -806,8 +810,8 @@ void prepare_attention_kernel() {
 template <typename Elem>
 void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
   prepare_attention_kernel<Elem>();
-  const dim3 grid(p.num_tile_slots, p.max_splits);
-  attention_kernel<Elem><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  launch_maybe_dependent(attention_kernel<Elem>, dim3(p.num_tile_slots, p.max_splits), kThreads,
+                         kSmemBytes, stream, p);
 }
 
 template <typename Elem>
