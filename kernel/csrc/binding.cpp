@@ -21,36 +21,30 @@ constexpr int64_t kAlign = 256;
 
 // The workspace layout is computed in kdtree_verify/plan.py (WorkspaceLayout, which documents the
 // size formula); here we only check that every region the kernels touch lies inside the tensor.
-// offsets = [req, tile_req, tile_mt, chunk, lse_part, o_part] in bytes.
+// offsets = [tiles, chunk, lse_part, o_part] in bytes.
 void attach_workspace(kdtree::VerifyParams& p, const torch::Tensor& ws,
-                      const std::vector<int64_t>& offsets, int64_t batch, int64_t slots,
-                      int64_t max_splits) {
+                      const std::vector<int64_t>& offsets, int64_t slots, int64_t max_splits) {
   TORCH_CHECK(ws.is_cuda() && ws.scalar_type() == torch::kUInt8 && ws.is_contiguous(),
               "workspace must be a contiguous uint8 CUDA tensor");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(ws.data_ptr()) % kAlign == 0,
               "workspace must be 256-byte aligned");
-  TORCH_CHECK(offsets.size() == 6, "workspace offsets: expected 6 entries");
+  constexpr int kRegions = 4;
+  TORCH_CHECK(offsets.size() == kRegions, "workspace offsets: expected ", kRegions, " entries");
   TORCH_CHECK(slots >= 1 && max_splits >= 1 && max_splits <= kdtree::kMaxSplits,
               "plan: bad num_tile_slots / max_splits");
   const int64_t part_rows = max_splits > 1 ? max_splits * slots * kBlockM : 0;
-  const int64_t sizes[6] = {batch * static_cast<int64_t>(sizeof(kdtree::RequestMeta)),
-                            slots * 4,
-                            slots * 4,
-                            4,
-                            part_rows * 4,
-                            part_rows * kHeadDimV * 4};
-  for (int i = 0; i < 6; ++i) {
+  const int64_t sizes[kRegions] = {slots * static_cast<int64_t>(sizeof(kdtree::TileMeta)), 4,
+                                   part_rows * 4, part_rows * kHeadDimV * 4};
+  for (int i = 0; i < kRegions; ++i) {
     TORCH_CHECK(offsets[i] >= 0 && offsets[i] % 16 == 0 && offsets[i] + sizes[i] <= ws.numel(),
                 "workspace region ", i, " [", offsets[i], ", +", sizes[i],
                 ") is misaligned or outside the workspace of ", ws.numel(), " bytes");
   }
   auto* base = static_cast<uint8_t*>(ws.data_ptr());
-  p.req = reinterpret_cast<kdtree::RequestMeta*>(base + offsets[0]);
-  p.tile_req = reinterpret_cast<int32_t*>(base + offsets[1]);
-  p.tile_mt = reinterpret_cast<int32_t*>(base + offsets[2]);
-  p.chunk = reinterpret_cast<int32_t*>(base + offsets[3]);
-  p.lse_part = reinterpret_cast<float*>(base + offsets[4]);
-  p.o_part = reinterpret_cast<float*>(base + offsets[5]);
+  p.tiles = reinterpret_cast<kdtree::TileMeta*>(base + offsets[0]);
+  p.chunk = reinterpret_cast<int32_t*>(base + offsets[1]);
+  p.lse_part = reinterpret_cast<float*>(base + offsets[2]);
+  p.o_part = reinterpret_cast<float*>(base + offsets[3]);
   p.num_tile_slots = static_cast<int>(slots);
   p.max_splits = static_cast<int>(max_splits);
 }
@@ -83,7 +77,7 @@ void plan(const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr,
   p.batch = static_cast<int>(batch);
   p.num_heads = static_cast<int>(num_heads);
   p.target_ctas = static_cast<int>(target_ctas);
-  attach_workspace(p, workspace, offsets, batch, slots, max_splits);
+  attach_workspace(p, workspace, offsets, slots, max_splits);
   kdtree::launch_plan(p, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -159,7 +153,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.batch = static_cast<int>(batch);
   p.num_heads = static_cast<int>(q.size(1));
   p.total_q = static_cast<int>(q.size(0));
-  attach_workspace(p, workspace, offsets, batch, slots, max_splits);
+  attach_workspace(p, workspace, offsets, slots, max_splits);
   const auto kind = dtype == torch::kBFloat16 ? kdtree::DType::kBF16 : kdtree::DType::kFP16;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   kdtree::launch_attention(p, kind, stream);

@@ -102,7 +102,8 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // turns counts into offsets (a single __syncthreads); pass 2 writes RequestMeta and the row-tile
 // table. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
 // least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
-// the whole kernel is a few dependent global round trips.
+// the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
+// its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
 constexpr int kPlanThreads = 256;
 constexpr int kPlanWarps = kPlanThreads / 32;
 
@@ -195,20 +196,15 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
     m.num_q = static_cast<int32_t>(n);
     m.prefix_len = static_cast<int32_t>(L);
     m.num_splits = tiles > 0 ? static_cast<int32_t>((len + chunk - 1) / chunk) : 0;
-    p.req[b] = m;
     for (int64_t i = 0; i < tiles; ++i) {
-      if (tile_pos + i < p.num_tile_slots) {  // the host bound makes this always true
-        p.tile_req[tile_pos + i] = b;
-        p.tile_mt[tile_pos + i] = static_cast<int32_t>(i);
-      }
+      if (tile_pos + i < p.num_tile_slots)  // the host bound makes this always true
+        p.tiles[tile_pos + i] = TileMeta{m, b, static_cast<int32_t>(i), 0};
     }
     tile_pos += tiles;
     mask_pos += n * len;
   }
-  for (int64_t i = total_tiles + tid; i < p.num_tile_slots; i += kPlanThreads) {
-    p.tile_req[i] = -1;
-    p.tile_mt[i] = 0;
-  }
+  for (int64_t i = total_tiles + tid; i < p.num_tile_slots; i += kPlanThreads)
+    p.tiles[i] = TileMeta{RequestMeta{}, -1, 0, 0};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,11 +247,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   allow_dependent_launch();
   const int slot = blockIdx.x;
   const int split = blockIdx.y;
-  const int b = p.tile_req[slot];
-  if (b < 0) return;
-  const RequestMeta meta = p.req[b];
+  const TileMeta tile = p.tiles[slot];
+  if (tile.request < 0) return;
+  const RequestMeta meta = tile.req;
   if (split >= meta.num_splits) return;
-  const int mt = p.tile_mt[slot];
+  const int mt = tile.row_tile;
   const int chunk = *p.chunk;
   const int L = meta.prefix_len;
   const int len = L + meta.num_q;
@@ -667,12 +663,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int64_t slot = blockIdx.x / kBlockM;
   const int r = blockIdx.x % kBlockM;
   if (slot >= p.num_tile_slots) return;
-  const int b = p.tile_req[slot];
-  if (b < 0) return;
-  const RequestMeta meta = p.req[b];
+  const TileMeta tile = p.tiles[slot];
+  if (tile.request < 0) return;
+  const RequestMeta& meta = tile.req;
   if (meta.num_splits <= 1) return;
   const int H = p.num_heads;
-  const int m = p.tile_mt[slot] * kBlockM + r;
+  const int m = tile.row_tile * kBlockM + r;
   if (m >= meta.num_q * H) return;
   const int t = m / H;
   const int h = m % H;

@@ -18,7 +18,19 @@ struct RequestMeta {
   int32_t num_splits;  // KV splits of the virtual sequence (prefix + N draft tokens)
 };
 
-static_assert(sizeof(RequestMeta) == 32, "kdtree_verify/plan.py assumes 32-byte RequestMeta");
+static_assert(sizeof(RequestMeta) == 32, "RequestMeta is two int64 and four int32");
+
+// One row tile's schedule: its request's metadata copied next to the tile's own indices, so that
+// a CTA finds everything in one 48-byte load instead of two dependent ones (tile -> request ->
+// metadata). Written by the plan kernel once per forward.
+struct alignas(16) TileMeta {
+  RequestMeta req;
+  int32_t request;   // -1: an empty slot
+  int32_t row_tile;  // index of the 32-row tile within its request
+  int64_t reserved;
+};
+
+static_assert(sizeof(TileMeta) == 48, "kdtree_verify/plan.py assumes 48-byte TileMeta");
 
 struct VerifyParams {
   // Inputs (bf16 or fp16; the kernel is templated on the element type).
@@ -61,9 +73,7 @@ struct VerifyParams {
   int target_ctas;     // CTAs the plan aims for (SMs x resident CTAs per SM)
 
   // Workspace (see kdtree_verify/plan.py for the size formula).
-  RequestMeta* req;  // [batch]
-  int32_t* tile_req;  // [num_tile_slots] request of the row tile, -1 for an empty slot
-  int32_t* tile_mt;   // [num_tile_slots] row-tile index within the request
+  TileMeta* tiles;    // [num_tile_slots]
   int32_t* chunk;     // [1] KV tokens per split (multiple of kBlockN)
   float* o_part;      // [max_splits * num_tile_slots * kBlockM, 512] normalized partial outputs
   float* lse_part;    // [max_splits * num_tile_slots * kBlockM] partial LSE (natural log)

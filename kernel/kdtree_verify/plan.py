@@ -17,8 +17,8 @@ rounded up to 32, so the grid is about one wave of CTAs and no request exceeds `
 Workspace (bytes; each region starts 256-byte aligned), with S = ``num_tile_slots`` and
 P = ``max_splits * S * BLOCK_M`` partial rows when ``max_splits > 1`` (else 0):
 
-    32 * B  (RequestMeta per request)  + 4 * S (tile -> request) + 4 * S (tile -> row tile)
-    + 4 (chunk) + 4 * P (partial LSE) + 2048 * P (partial outputs, fp32 x 512)
+    48 * S (TileMeta per row tile: its request's metadata and its index) + 4 (chunk)
+    + 4 * P (partial LSE) + 2048 * P (partial outputs, fp32 x 512)
 
 ``num_tile_slots = ceil((T_total * H + B * (BLOCK_M - 1)) / BLOCK_M)`` bounds sum_b ceil(M_b /
 BLOCK_M) for any split of T_total tokens into B requests.
@@ -34,7 +34,8 @@ import torch
 BLOCK_M = 32
 """Query rows (draft token x head) per CTA; must equal kBlockM in csrc/verify_config.h."""
 V_DIM = 512
-REQUEST_META_BYTES = 32
+TILE_META_BYTES = 48
+"""sizeof(TileMeta) in csrc/verify_params.h."""
 MAX_SPLITS = 128
 """Cap on KV splits per row tile (kMaxSplits in csrc/verify_config.h)."""
 ALIGN = 256
@@ -44,9 +45,7 @@ ALIGN = 256
 class WorkspaceLayout:
     """Byte offsets of the workspace regions and the total size."""
 
-    req: int
-    tile_req: int
-    tile_mt: int
+    tiles: int
     chunk: int
     lse_part: int
     o_part: int
@@ -54,7 +53,7 @@ class WorkspaceLayout:
 
     def offsets(self) -> list[int]:
         """The order the extension expects."""
-        return [self.req, self.tile_req, self.tile_mt, self.chunk, self.lse_part, self.o_part]
+        return [self.tiles, self.chunk, self.lse_part, self.o_part]
 
 
 def _align(x: int) -> int:
@@ -85,19 +84,15 @@ def workspace_layout(batch_size: int, slots: int, max_splits: int) -> WorkspaceL
         )
     partial_rows = max_splits * slots * BLOCK_M if max_splits > 1 else 0
     off = 0
-    req = off
-    off = _align(off + REQUEST_META_BYTES * batch_size)
-    tile_req = off
-    off = _align(off + 4 * slots)
-    tile_mt = off
-    off = _align(off + 4 * slots)
+    tiles = off
+    off = _align(off + TILE_META_BYTES * slots)
     chunk = off
     off = _align(off + 4)
     lse_part = off
     off = _align(off + 4 * partial_rows)
     o_part = off
     off = _align(off + 4 * V_DIM * partial_rows)
-    return WorkspaceLayout(req, tile_req, tile_mt, chunk, lse_part, o_part, off)
+    return WorkspaceLayout(tiles, chunk, lse_part, o_part, off)
 
 
 @dataclass
