@@ -17,7 +17,8 @@
 //   S = Q K^T   warp w computes the 16-token half w / 4 of the tile over the 144-dim quarter w % 4,
 //               with its Q fragments (32 rows x 144 dims) held in registers; each K fragment feeds
 //               4 MMAs. The 4 partial tiles of a half are reduced through shared memory, each warp
-//               summing one 16 x 8 piece, which it turns into P and stores once as bf16/fp16.
+//               summing one 16 x 8 piece (its own share of it from registers), which it turns into
+//               P and stores once as bf16/fp16.
 //   O += P V    warp w owns V columns 64w..64w+63 for all 32 rows (64 fp32 accumulators), reading
 //               P from shared memory; each V fragment feeds 4 MMAs.
 // The online softmax is lazy: the running max moves (and O is rescaled) only when a score exceeds
@@ -440,19 +441,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         }
       }
     }
-    // ---- reduce this warp's piece over the 4 quarters of its half (fixed order).
+    // ---- reduce this warp's piece over the 4 quarters of its half (own share first, then the
+    // others in quarter order). The own share (sub-tile `quarter`) stays in registers: only the
+    // other three sub-tiles go through shared memory (a quarter less exchange traffic).
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int n = 0; n < 2; ++n)
-        xch[((warp * kMTiles + mi) * 2 + n) * 32 + lane] =
-            make_float4(s[mi][n][0], s[mi][n][1], s[mi][n][2], s[mi][n][3]);
+        if (mi * 2 + n != quarter)
+          xch[((warp * kMTiles + mi) * 2 + n) * 32 + lane] =
+              make_float4(s[mi][n][0], s[mi][n][1], s[mi][n][2], s[mi][n][3]);
+    // (selected without runtime array indexing, which would put s in local memory)
+    const auto own_element = [&](int e) {
+      return quarter == 0 ? s[0][0][e] : quarter == 1 ? s[0][1][e] : quarter == 2 ? s[1][0][e]
+                                                                                  : s[1][1][e];
+    };
+    const float4 own = make_float4(own_element(0), own_element(1), own_element(2), own_element(3));
     named_barrier(1 + half, kDimSplits * 32);
     float sp[4];
     {
-      float4 acc = xch[(((half * kDimSplits) * kMTiles + piece_mi) * 2 + piece_nt) * 32 + lane];
+      float4 acc = own;
 #pragma unroll
-      for (int w = 1; w < kDimSplits; ++w) {
+      for (int w = 0; w < kDimSplits; ++w) {
+        if (w == quarter) continue;
         const float4 v =
             xch[(((half * kDimSplits + w) * kMTiles + piece_mi) * 2 + piece_nt) * 32 + lane];
         acc.x += v.x;
