@@ -3,8 +3,9 @@
 // (mma.sync m16n8k16, ldmatrix, cp.async) so the same code runs on sm_80, sm_90 and sm_120.
 //
 // Three kernels, all launched on the caller's stream, none synchronizing with the host:
-//   plan_kernel       once per forward: per-request metadata, row-tile table and KV split size,
-//                     computed on the device from qo_indptr / kv_indptr (CUDA-graph safe).
+//   plan_kernel       once per forward: the row-tile table (one TileMeta per tile, its request's
+//                     metadata included) and the KV split size, computed on the device from
+//                     qo_indptr / kv_indptr (CUDA-graph safe).
 //   attention_kernel  one CTA per (row tile, KV split). A row tile is 32 (draft token, head) rows
 //                     of one request; each 32-token KV tile is loaded once (cp.async, double
 //                     buffered) and used by all 32 rows. The "virtual sequence" of a request is its
@@ -12,6 +13,8 @@
 //                     so the tree-masked draft block is just the tail of the last split.
 //   combine_kernel    log-sum-exp merge of the splits' normalized partials (requests with one
 //                     split are written directly by the attention kernel and skipped here).
+// On sm_90 and up (sm_120 included) attention and combine are programmatic dependent launches:
+// each may start while its predecessor drains and waits for it before reading its output.
 //
 // Warp layout of the attention kernel (8 warps, all 32 rows in every warp: two m16 MMA tiles):
 //   S = Q K^T   warp w computes the 16-token half w / 4 of the tile over the 144-dim quarter w % 4,
@@ -100,7 +103,7 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // ---------------------------------------------------------------------------------------------
 // Plan: one CTA of 256 threads, each owning a contiguous run of requests. Pass 1 counts row
 // tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
-// turns counts into offsets (a single __syncthreads); pass 2 writes RequestMeta and the row-tile
+// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile
 // table. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
 // least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
 // the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
