@@ -13,11 +13,10 @@ import sys
 import torch
 
 sys.path.insert(0, "bench")
-from kernel_bench import Pool, build_inputs
+from kernel_bench import Pool, build_inputs, kdtree_layer_call
 
 from kdtree_verify import deepseek_v3_sm_scale
 from kdtree_verify._build import load
-from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan
 
 SHAPES = [(1, 8, 8, 4096), (1, 16, 8, 4096), (1, 8, 8, 32768), (8, 8, 8, 4096)]
@@ -44,13 +43,7 @@ def main() -> None:
         plan = make_plan(B, H, B * T, "cuda")
         plan.update(inp["qo_indptr"], inp["kv_indptr"], inp["mask_indptr"])
 
-        def call(inp=inp, out=out, lse=lse, plan=plan) -> None:
-            verify_attention_cuda(
-                inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, inp["qo_indptr"],
-                inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], scale,
-                False, out, lse, plan=plan,
-            )  # fmt: skip
-
+        call = kdtree_layer_call(pool, inp, out, lse, plan, scale)
         call()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
