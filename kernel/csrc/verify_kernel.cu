@@ -83,8 +83,8 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 
 // Programmatic dependent launch (sm_90+, which includes sm_120): the attention kernel lets the
 // combine kernel launch early, and the combine kernel waits for the attention grid's completion
-// (and its memory) only before it reads the partials. Compiled out for sm_80, where the host also
-// launches the combine kernel without the attribute.
+// (and its memory) only before it reads the partials; the attention kernel itself waits for its
+// predecessor before its first read. Compiled out for sm_80, where the host launches plainly.
 __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
@@ -103,11 +103,11 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // ---------------------------------------------------------------------------------------------
 // Plan: one CTA of 256 threads, each owning a contiguous run of requests. Pass 1 counts row
 // tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
-// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile
-// table. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
-// least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
-// the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
-// its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
+// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table: one
+// TileMeta per tile, carrying its request's RequestMeta, so attention and combine CTAs read
+// their schedule in one load. The KV split size ("chunk") is uniform over the batch: total work /
+// target CTAs, at least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more
+// than width here: the whole kernel is a few dependent global round trips.
 constexpr int kPlanThreads = 256;
 constexpr int kPlanWarps = kPlanThreads / 32;
 
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   // start while it finishes, and wait for it (and its memory) before reading any input, the
   // plan's output included.
   wait_for_prerequisite_grid();
-  // Every attention CTA is resident by now, so the combine CTAs this releases only take SMs that
-  // no attention CTA is waiting for; they read their metadata, then wait for this grid to finish.
+  // The combine grid launches once every attention CTA has passed this point or exited, i.e. when
+  // no attention CTA still waits for an SM; its CTAs read their metadata, then wait for this grid.
   allow_dependent_launch();
   const int slot = blockIdx.x;
   const int split = blockIdx.y;
