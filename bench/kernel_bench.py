@@ -213,7 +213,6 @@ def measure_ceilings() -> dict:
 
 def measure_mma_sync_ceiling() -> float | None:
     """The best mma.sync rate of bench/mma_ceiling.py (None, logged, where nvcc is missing)."""
-
     props = torch.cuda.get_device_properties(0)
     try:
         with tempfile.TemporaryDirectory() as tmp:
