@@ -103,11 +103,11 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // ---------------------------------------------------------------------------------------------
 // Plan: one CTA of 256 threads, each owning a contiguous run of requests. Pass 1 counts row
 // tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
-// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table: one
-// TileMeta per tile, carrying its request's RequestMeta, so attention and combine CTAs read
-// their schedule in one load. The KV split size ("chunk") is uniform over the batch: total work /
-// target CTAs, at least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more
-// than width here: the whole kernel is a few dependent global round trips.
+// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table, a warp
+// per request. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
+// least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
+// the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
+// its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
 constexpr int kPlanThreads = 256;
 constexpr int kPlanWarps = kPlanThreads / 32;
 
@@ -123,6 +123,10 @@ __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p) {
   __shared__ int64_t s_tiles[kPlanWarps], s_mask[kPlanWarps], s_work[kPlanWarps];
   __shared__ int64_t s_maxlen[kPlanWarps];
+  // Pass 2: one request per thread and round, shared with the thread's warp.
+  __shared__ RequestMeta s_req_meta[kPlanThreads];
+  __shared__ int64_t s_req_first[kPlanThreads], s_req_tiles[kPlanThreads];
+  __shared__ int32_t s_req_index[kPlanThreads];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -187,25 +191,52 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
   chunk = chunk > kChunkMinTokens ? chunk : kChunkMinTokens;
   chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
   if (tid == 0) *p.chunk = static_cast<int32_t>(chunk);
-  for (int b = b_begin; b < b_end; ++b) {
-    int64_t n, L;
-    request_shape(b, n, L);
-    const int64_t tiles = (n * H + kBlockM - 1) / kBlockM;
-    const int64_t len = L + n;
-    RequestMeta m;
-    m.kv_start = load_index(p.kv_indptr, p.kv_indptr_64, b);
-    m.mask_start = p.mask_indptr != nullptr ? load_index(p.mask_indptr, p.mask_indptr_64, b)
-                                            : mask_pos;
-    m.qo_start = static_cast<int32_t>(load_index(p.qo_indptr, p.qo_indptr_64, b));
-    m.num_q = static_cast<int32_t>(n);
-    m.prefix_len = static_cast<int32_t>(L);
-    m.num_splits = tiles > 0 ? static_cast<int32_t>((len + chunk - 1) / chunk) : 0;
-    for (int64_t i = 0; i < tiles; ++i) {
-      if (tile_pos + i < p.num_tile_slots)  // the host bound makes this always true
-        p.tiles[tile_pos + i] = TileMeta{m, b, static_cast<int32_t>(i), 0};
+  // Pass 2. Each thread derives the RequestMeta of its requests; the tiles of a request are then
+  // written by its whole warp (lane i takes tiles i, i + 32, ...), one request after another, so
+  // that a request of 128 row tiles costs 4 rounds of stores instead of 128 serial ones.
+  for (int k = 0; k < per; ++k) {  // `per` is uniform: every lane runs every round
+    const int b = b_begin + k;
+    const bool mine = b < b_end;
+    int64_t tiles = 0;
+    RequestMeta m{};
+    if (mine) {
+      int64_t n, L;
+      request_shape(b, n, L);
+      tiles = (n * H + kBlockM - 1) / kBlockM;
+      const int64_t len = L + n;
+      m.kv_start = load_index(p.kv_indptr, p.kv_indptr_64, b);
+      m.mask_start = p.mask_indptr != nullptr ? load_index(p.mask_indptr, p.mask_indptr_64, b)
+                                              : mask_pos;
+      m.qo_start = static_cast<int32_t>(load_index(p.qo_indptr, p.qo_indptr_64, b));
+      m.num_q = static_cast<int32_t>(n);
+      m.prefix_len = static_cast<int32_t>(L);
+      m.num_splits = tiles > 0 ? static_cast<int32_t>((len + chunk - 1) / chunk) : 0;
+      mask_pos += n * len;
     }
+    // Publish this lane's request to its warp through shared memory, then write every lane's
+    // tiles with all 32 lanes.
+    s_req_meta[tid] = m;
+    s_req_first[tid] = tile_pos;
+    s_req_tiles[tid] = tiles;
+    s_req_index[tid] = b;
     tile_pos += tiles;
-    mask_pos += n * len;
+    __syncwarp();
+    const int warp_base = warp * 32;
+    for (int src = warp_base; src < warp_base + 32; ++src) {
+      const int64_t src_tiles = s_req_tiles[src];
+      if (src_tiles == 0) continue;  // warp-uniform
+      TileMeta tile;
+      tile.req = s_req_meta[src];
+      tile.request = s_req_index[src];
+      tile.reserved = 0;
+      const int64_t src_first = s_req_first[src];
+      for (int64_t i = lane; i < src_tiles; i += 32) {
+        tile.row_tile = static_cast<int32_t>(i);
+        if (src_first + i < p.num_tile_slots)  // the host bound makes this always true
+          p.tiles[src_first + i] = tile;
+      }
+    }
+    __syncwarp();  // the next round overwrites this round's entries
   }
   for (int64_t i = total_tiles + tid; i < p.num_tile_slots; i += kPlanThreads)
     p.tiles[i] = TileMeta{RequestMeta{}, -1, 0, 0};
