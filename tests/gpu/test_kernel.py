@@ -334,3 +334,16 @@ def test_ragged_draft_counts() -> None:
     ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
     assert_close_bf16(out, ref_out, "ragged draft counts")
     assert_lse_close(lse, ref_lse, "ragged draft counts")
+
+
+@pytest.mark.parametrize(("num_draft", "num_heads"), [(2, 128), (1, 8)])
+def test_batch_wider_than_the_plan_block(num_draft: int, num_heads: int) -> None:
+    """600 requests: each of the plan kernel's 256 threads owns up to 3 of them, so the row-tile
+    table is written in several warp-wide rounds (8 row tiles per request at H=128, T=2)."""
+    prefixes = tuple((0, 1, 33, 70, 129)[i % 5] for i in range(600))
+    case = make_case(prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16,
+                     device="cuda", seed=5)  # fmt: skip
+    out, lse = run_case(case)
+    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    assert_close_bf16(out, ref_out, f"B=600 T={num_draft} H={num_heads}")
+    assert_lse_close(lse, ref_lse, f"B=600 T={num_draft} H={num_heads}")
