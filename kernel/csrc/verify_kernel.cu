@@ -103,8 +103,8 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // ---------------------------------------------------------------------------------------------
 // Plan: one CTA of 256 threads, each owning a contiguous run of requests. Pass 1 counts row
 // tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
-// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table, a warp
-// per request. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
+// turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table with
+// all threads. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
 // least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
 // the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
 // its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
@@ -123,9 +123,10 @@ __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p) {
   __shared__ int64_t s_tiles[kPlanWarps], s_mask[kPlanWarps], s_work[kPlanWarps];
   __shared__ int64_t s_maxlen[kPlanWarps];
-  // Pass 2: one request per thread and round, shared with the thread's warp.
+  // Pass 2: one request per thread and round, and the round's tile offsets.
   __shared__ RequestMeta s_req_meta[kPlanThreads];
-  __shared__ int64_t s_req_first[kPlanThreads], s_req_tiles[kPlanThreads];
+  __shared__ int64_t s_req_first[kPlanThreads], s_round_start[kPlanThreads];
+  __shared__ int64_t s_round_warp[kPlanWarps];
   __shared__ int32_t s_req_index[kPlanThreads];
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -191,15 +192,16 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
   chunk = chunk > kChunkMinTokens ? chunk : kChunkMinTokens;
   chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
   if (tid == 0) *p.chunk = static_cast<int32_t>(chunk);
-  // Pass 2. Each thread derives the RequestMeta of its requests; the tiles of a request are then
-  // written by its whole warp (lane i takes tiles i, i + 32, ...), one request after another, so
-  // that a request of 128 row tiles costs 4 rounds of stores instead of 128 serial ones.
-  for (int k = 0; k < per; ++k) {  // `per` is uniform: every lane runs every round
+  // Pass 2, in rounds: round k publishes every thread's k-th request (its RequestMeta, table
+  // position and tile count) to shared memory, a block scan of the tile counts numbers the
+  // round's tiles, and all 256 threads write them (entry e finds its request by a binary search
+  // over the round's offsets). A batch of small requests costs about one store per thread, and a
+  // request of 128 row tiles no longer costs 128 serial stores by its owner.
+  for (int k = 0; k < per; ++k) {  // `per` is uniform: every thread runs every round
     const int b = b_begin + k;
-    const bool mine = b < b_end;
     int64_t tiles = 0;
     RequestMeta m{};
-    if (mine) {
+    if (b < b_end) {
       int64_t n, L;
       request_shape(b, n, L);
       tiles = (n * H + kBlockM - 1) / kBlockM;
@@ -213,30 +215,36 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
       m.num_splits = tiles > 0 ? static_cast<int32_t>((len + chunk - 1) / chunk) : 0;
       mask_pos += n * len;
     }
-    // Publish this lane's request to its warp through shared memory, then write every lane's
-    // tiles with all 32 lanes.
     s_req_meta[tid] = m;
     s_req_first[tid] = tile_pos;
-    s_req_tiles[tid] = tiles;
     s_req_index[tid] = b;
     tile_pos += tiles;
-    __syncwarp();
-    const int warp_base = warp * 32;
-    for (int src = warp_base; src < warp_base + 32; ++src) {
-      const int64_t src_tiles = s_req_tiles[src];
-      if (src_tiles == 0) continue;  // warp-uniform
-      TileMeta tile;
-      tile.req = s_req_meta[src];
-      tile.request = s_req_index[src];
-      tile.reserved = 0;
-      const int64_t src_first = s_req_first[src];
-      for (int64_t i = lane; i < src_tiles; i += 32) {
-        tile.row_tile = static_cast<int32_t>(i);
-        if (src_first + i < p.num_tile_slots)  // the host bound makes this always true
-          p.tiles[src_first + i] = tile;
-      }
+    const int64_t round_incl = warp_inclusive_scan(tiles, lane);
+    if (lane == 31) s_round_warp[warp] = round_incl;
+    __syncthreads();
+    int64_t round_start = round_incl - tiles, round_total = 0;
+#pragma unroll
+    for (int i = 0; i < kPlanWarps; ++i) {
+      if (i < warp) round_start += s_round_warp[i];
+      round_total += s_round_warp[i];
     }
-    __syncwarp();  // the next round overwrites this round's entries
+    s_round_start[tid] = round_start;
+    __syncthreads();
+    for (int64_t e = tid; e < round_total; e += kPlanThreads) {
+      // The last thread whose round offset is <= e owns entry e (threads without tiles share
+      // their successor's offset, so the search passes over them).
+      int lo = 0, hi = kPlanThreads;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (s_round_start[mid] <= e) lo = mid;
+        else hi = mid;
+      }
+      const int64_t row_tile = e - s_round_start[lo];
+      const int64_t pos = s_req_first[lo] + row_tile;
+      if (pos < p.num_tile_slots)  // the host bound makes this always true
+        p.tiles[pos] = TileMeta{s_req_meta[lo], s_req_index[lo], static_cast<int32_t>(row_tile), 0};
+    }
+    __syncthreads();  // the next round overwrites this round's shared entries
   }
   for (int64_t i = total_tiles + tid; i < p.num_tile_slots; i += kPlanThreads)
     p.tiles[i] = TileMeta{RequestMeta{}, -1, 0, 0};

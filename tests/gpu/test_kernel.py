@@ -317,7 +317,8 @@ def test_plan_refuses_a_workspace_short_of_the_formula() -> None:
 
 
 def test_ragged_draft_counts() -> None:
-    """qo_indptr need not be uniform: requests with 0, 1 and 9 draft tokens in one batch."""
+    """qo_indptr need not be uniform: requests with 1, 0, 9 and 3 draft tokens in one batch (the
+    request without draft tokens has a prefix but no rows, hence no row tiles)."""
     parts = [make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
              for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])]  # fmt: skip
     base = parts[0]
@@ -325,9 +326,11 @@ def test_ragged_draft_counts() -> None:
     k_ext = torch.cat([c.k_extend for c in parts])
     pool = torch.cat([c.k_buffer for c in parts])
     offsets = list(itertools.accumulate([0] + [c.k_buffer.shape[0] for c in parts[:-1]]))
-    kv_indices = torch.cat([c.kv_indices + off for c, off in zip(parts, offsets, strict=True)])
-    qo = torch.tensor([0, 1, 10, 13], device="cuda")
-    kv = torch.tensor([0, 500, 570, 571], device="cuda")
+    kv_indices = [c.kv_indices + off for c, off in zip(parts, offsets, strict=True)]
+    kv_indices.insert(1, kv_indices[0][:40])  # the draft-less request's 40 prefix tokens
+    kv_indices = torch.cat(kv_indices)
+    qo = torch.tensor([0, 1, 1, 10, 13], device="cuda")
+    kv = torch.tensor([0, 500, 540, 610, 611], device="cuda")
     args = (q, k_ext, k_ext[..., :512], pool, pool[..., :512], qo, kv, kv_indices, None, None,
             base.sm_scale)  # fmt: skip
     out, lse = verify_attention(*args, return_lse=True)
