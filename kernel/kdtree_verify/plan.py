@@ -75,12 +75,12 @@ def choose_max_splits(num_heads: int, total_tokens: int, target_ctas: int) -> in
     return max(1, min(MAX_SPLITS, math.ceil(2 * target_ctas / expected_tiles)))
 
 
-def workspace_layout(batch_size: int, slots: int, max_splits: int) -> WorkspaceLayout:
+def workspace_layout(slots: int, max_splits: int) -> WorkspaceLayout:
     """Offsets and total bytes of the workspace (the formula in the module docstring)."""
-    if batch_size < 1 or slots < 1 or not 1 <= max_splits <= MAX_SPLITS:
+    if slots < 1 or not 1 <= max_splits <= MAX_SPLITS:
         raise ValueError(
-            f"workspace_layout: need batch_size >= 1, slots >= 1, 1 <= max_splits <= {MAX_SPLITS}; "
-            f"got {batch_size}, {slots}, {max_splits}"
+            f"workspace_layout: need slots >= 1 and 1 <= max_splits <= {MAX_SPLITS}; "
+            f"got {slots}, {max_splits}"
         )
     partial_rows = max_splits * slots * BLOCK_M if max_splits > 1 else 0
     off = 0
@@ -171,13 +171,18 @@ def make_plan(
     max_splits: int | None = None,
 ) -> VerifyPlan:
     """Allocate a plan for these static sizes (call outside CUDA-graph capture, then ``update``)."""
+    if batch_size < 1 or num_heads < 1 or total_tokens < 0:
+        raise ValueError(
+            f"make_plan: need batch_size >= 1, num_heads >= 1, total_tokens >= 0; "
+            f"got {batch_size}, {num_heads}, {total_tokens}"
+        )
     device = torch.device(device)
     if target_ctas is None:
         target_ctas = default_target_ctas(device, dtype)
     slots = num_tile_slots(batch_size, num_heads, total_tokens)
     if max_splits is None:
         max_splits = choose_max_splits(num_heads, total_tokens, target_ctas)
-    layout = workspace_layout(batch_size, slots, max_splits)
+    layout = workspace_layout(slots, max_splits)
     workspace = torch.empty(layout.total_bytes, dtype=torch.uint8, device=device)
     return VerifyPlan(
         batch_size, num_heads, total_tokens, slots, max_splits, target_ctas, layout, workspace

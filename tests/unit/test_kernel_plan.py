@@ -45,7 +45,7 @@ def test_tile_slots_is_tight_for_uniform_batches() -> None:
 
 
 def test_workspace_layout_formula() -> None:
-    layout = plan.workspace_layout(batch_size=3, slots=10, max_splits=4)
+    layout = plan.workspace_layout(slots=10, max_splits=4)
     offsets = layout.offsets()
     assert offsets == sorted(offsets) and all(o % plan.ALIGN == 0 for o in offsets)
     partial_rows = 4 * 10 * plan.BLOCK_M
@@ -56,7 +56,7 @@ def test_workspace_layout_formula() -> None:
 
 
 def test_single_split_needs_no_partial_buffers() -> None:
-    layout = plan.workspace_layout(batch_size=32, slots=4096, max_splits=1)
+    layout = plan.workspace_layout(slots=4096, max_splits=1)
     assert layout.total_bytes == layout.o_part == layout.lse_part + 0
     assert layout.chunk == plan.TILE_META_BYTES * 4096  # the tile table, then the chunk word
     assert layout.total_bytes == layout.chunk + plan.ALIGN
@@ -64,9 +64,15 @@ def test_single_split_needs_no_partial_buffers() -> None:
 
 def test_workspace_layout_rejects_bad_sizes() -> None:
     with pytest.raises(ValueError, match="max_splits"):
-        plan.workspace_layout(1, 1, plan.MAX_SPLITS + 1)
-    with pytest.raises(ValueError, match="batch_size"):
-        plan.workspace_layout(0, 1, 1)
+        plan.workspace_layout(1, plan.MAX_SPLITS + 1)
+    with pytest.raises(ValueError, match="slots"):
+        plan.workspace_layout(0, 1)
+
+
+def test_make_plan_rejects_bad_static_sizes() -> None:
+    for sizes in [(0, 8, 8), (1, 0, 8), (1, 8, -1)]:
+        with pytest.raises(ValueError, match="make_plan: need batch_size >= 1"):
+            plan.make_plan(*sizes, "cpu", target_ctas=132, max_splits=1)
 
 
 def test_max_splits_fills_the_machine_then_drops_to_one() -> None:
