@@ -488,7 +488,8 @@ def main() -> int:
             f"ideal {rec['ideal_us']:8.2f} us  eff {rec['roofline_efficiency']:.3f}  "
             f"{rec['effective_TBps']:.2f} TB/s {rec['TFLOPs']:.0f} TF/s  "
             f"extend {rec['triton_extend_us']}  shared_kv {rec['triton_shared_kv_us']}  "
-            f"ref {rec['reference_us']}  diff {rec['max_abs_diff_vs_extend']}"
+            f"ref {rec['reference_us']}  diff {rec['max_abs_diff_vs_extend']}  "
+            f"[{time.time() - t_start:.0f} s]"
         )
         del inp, out, lse, plan
         write_result(args.out, props, ceilings, records, None)
