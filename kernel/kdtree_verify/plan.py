@@ -173,7 +173,7 @@ def make_plan(
     """Allocate a plan for these static sizes (call outside CUDA-graph capture, then ``update``)."""
     if batch_size < 1 or num_heads < 1 or total_tokens < 0:
         raise ValueError(
-            f"make_plan: need batch_size >= 1, num_heads >= 1, total_tokens >= 0; "
+            "make_plan: need batch_size >= 1, num_heads >= 1, total_tokens >= 0; "
             f"got {batch_size}, {num_heads}, {total_tokens}"
         )
     device = torch.device(device)
