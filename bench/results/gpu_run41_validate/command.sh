@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device command of run 41, main 9e1cf9a (kernel a946227): all GPU tests, the backend's layer
+# Device command of run 41, main ee32ce4 (kernel a946227; ran as 9e1cf9a, the same tree before a commit split): all GPU tests, the backend's layer
 # benchmark and the engine's 100-prompt GPU parity (refreshing layer_h200.json and
 # engine_gpu_parity.json, last measured with kernel a6deb56 in run 13), and first a try of
 # carrying Triton's cache: ab_probe/run40-triton-cache.tgz is run 40's $OUT/triton-cache.tgz
