@@ -106,22 +106,31 @@ def parse_region(text: str) -> tuple[str, int, int]:
     return name, lo, hi
 
 
+def _header(path: Path, instrs: list[dict]) -> str:
+    total = sum(x["samples"] for x in instrs) or 1
+    return f"{path.name}: {total} warp samples, {per_hmma(instrs):.2f} instructions per HMMA"
+
+
+def _top_stalls(part: list[dict], denominator: int) -> str:
+    """The 4 commonest stall reasons of ``part``, each as a share of ``denominator`` samples."""
+    reasons: Counter[str] = Counter()
+    for x in part:
+        reasons.update(x["stalls"])
+    return ", ".join(f"{k} {100 * v / denominator:.1f}%" for k, v in reasons.most_common(4) if v)
+
+
 def region_report(path: Path, regions: list[tuple[str, int, int]]) -> str:
     instrs = read_instructions(path)
     total = sum(x["samples"] for x in instrs) or 1
-    lines = [f"{path.name}: {total} warp samples, {per_hmma(instrs):.2f} instructions per HMMA"]
+    lines = [_header(path, instrs)]
     for name, lo, hi in regions:
         if hi > len(instrs):
             raise ValueError(f"region {name} ends at {hi}, past the table's {len(instrs)} rows")
         part = instrs[lo:hi]
         samples = sum(x["samples"] for x in part) or 1
-        reasons: Counter[str] = Counter()
-        for x in part:
-            reasons.update(x["stalls"])
-        top = ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in reasons.most_common(4) if v)
         lines.append(
             f"  {name:10s} {100 * samples / total:5.1f}% of samples  "
-            f"{per_hmma(part):.2f} per HMMA  ({top})"
+            f"{per_hmma(part):.2f} per HMMA  ({_top_stalls(part, samples)})"
         )
     return "\n".join(lines)
 
@@ -129,15 +138,11 @@ def region_report(path: Path, regions: list[tuple[str, int, int]]) -> str:
 def report(path: Path) -> str:
     instrs = read_instructions(path)
     total = sum(x["samples"] for x in instrs) or 1
-    lines = [f"{path.name}: {total} warp samples, {per_hmma(instrs):.2f} instructions per HMMA"]
+    lines = [_header(path, instrs)]
     for name, lo, hi in phase_bounds(instrs):
         part = instrs[lo : hi + 1]
         samples = sum(x["samples"] for x in part)
-        reasons: Counter[str] = Counter()
-        for x in part:
-            reasons.update(x["stalls"])
-        top = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in reasons.most_common(4) if v)
-        lines.append(f"  {name:18s} {100 * samples / total:5.1f}%  ({top})")
+        lines.append(f"  {name:18s} {100 * samples / total:5.1f}%  ({_top_stalls(part, total)})")
     return "\n".join(lines)
 
 
