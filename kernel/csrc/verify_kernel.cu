@@ -120,6 +120,75 @@ __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {
   return v;
 }
 
+// Draft tokens n and prefix L of request b.
+__device__ __forceinline__ void request_shape(const VerifyParams& p, int b, int64_t& n,
+                                              int64_t& L) {
+  n = load_index(p.qo_indptr, p.qo_indptr_64, b + 1) - load_index(p.qo_indptr, p.qo_indptr_64, b);
+  L = load_index(p.kv_indptr, p.kv_indptr_64, b + 1) - load_index(p.kv_indptr, p.kv_indptr_64, b);
+  n = n < 0 ? 0 : n;  // malformed indptr: treat as empty rather than corrupt memory
+  L = L < 0 ? 0 : L;
+}
+
+// Splits of a virtual sequence of `len` tokens (< 2^31, like every token position here). 32-bit
+// division: a 64-bit one is a called subroutine, and its register saves spill.
+__device__ __forceinline__ int32_t splits_of(int64_t len, int64_t chunk) {
+  const uint32_t c = static_cast<uint32_t>(chunk);
+  return static_cast<int32_t>((static_cast<uint32_t>(len) + c - 1) / c);
+}
+
+// Attention CTAs (row tiles x splits) of the whole batch at split size `chunk`, summed over the
+// block; every thread passes its own requests [b_begin, b_end). `parity` picks one of two
+// shared-memory buffers, so consecutive calls need one barrier each.
+__device__ __forceinline__ int64_t count_ctas(const VerifyParams& p, int64_t chunk, int b_begin,
+                                              int b_end, int parity) {
+  __shared__ int64_t s_count[2][kPlanWarps];
+  int64_t ctas = 0;
+  for (int b = b_begin; b < b_end; ++b) {
+    int64_t n, L;
+    request_shape(p, b, n, L);
+    ctas += (n * p.num_heads + kBlockM - 1) / kBlockM * splits_of(L + n, chunk);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ctas += __shfl_xor_sync(0xffffffffu, ctas, off);
+  if ((threadIdx.x & 31) == 0) s_count[parity][threadIdx.x >> 5] = ctas;
+  __syncthreads();
+  int64_t total = 0;
+#pragma unroll
+  for (int i = 0; i < kPlanWarps; ++i) total += s_count[parity][i];
+  return total;
+}
+
+// The split size that keeps the grid to one wave. ceil(len / chunk) adds up to one split per row
+// tile to the work-proportional estimate `chunk`, and the CTAs beyond the target would run as a
+// second wave behind full-length ones (B=8, H=8, T=8, 4k: 144 CTAs for 132 SMs, the last 16
+// holding only the 8 draft tokens each). So take the smallest multiple of kBlockN at or above
+// `chunk` whose CTA count fits the target, by bisection on the block-wide count. Where one split
+// per row tile already exceeds the target, no split size helps and `chunk` stays.
+// kdtree_verify.plan.split_chunk is the same rule on the host.
+__device__ __forceinline__ int64_t one_wave_chunk(const VerifyParams& p, int64_t chunk,
+                                                  int64_t target, int64_t total_tiles,
+                                                  int64_t total_work, int64_t max_len,
+                                                  int b_begin, int b_end) {
+  if (total_tiles == 0 || total_tiles > target) return chunk;
+  int parity = 0;
+  if (count_ctas(p, chunk, b_begin, b_end, parity ^= 1) <= target) return chunk;
+  // At hi every request fits in one split (total_tiles <= target CTAs), or hi is the size that
+  // bounds the count by total_work / hi + total_tiles <= target.
+  int64_t hi = (max_len + kBlockN - 1) / kBlockN * kBlockN;
+  if (target > total_tiles) {
+    const int64_t bound = (total_work + target - total_tiles - 1) / (target - total_tiles);
+    const int64_t bound_up = (bound + kBlockN - 1) / kBlockN * kBlockN;
+    hi = bound_up < hi ? bound_up : hi;
+  }
+  int64_t lo = chunk;  // count(lo) > target >= count(hi)
+  while (hi - lo > kBlockN) {
+    const int64_t mid = (lo + hi) / 2 / kBlockN * kBlockN;
+    if (count_ctas(p, mid, b_begin, b_end, parity ^= 1) <= target) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
+
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p) {
   __shared__ int64_t s_tiles[kPlanWarps], s_mask[kPlanWarps], s_work[kPlanWarps];
   __shared__ int64_t s_maxlen[kPlanWarps];
@@ -137,17 +206,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
   const int b_begin = min(B, tid * per);
   const int b_end = min(B, b_begin + per);
 
-  auto request_shape = [&](int b, int64_t& n, int64_t& L) {
-    n = load_index(p.qo_indptr, p.qo_indptr_64, b + 1) - load_index(p.qo_indptr, p.qo_indptr_64, b);
-    L = load_index(p.kv_indptr, p.kv_indptr_64, b + 1) - load_index(p.kv_indptr, p.kv_indptr_64, b);
-    n = n < 0 ? 0 : n;  // malformed indptr: treat as empty rather than corrupt memory
-    L = L < 0 ? 0 : L;
-  };
-
   int64_t my_tiles = 0, my_mask = 0, my_work = 0, my_maxlen = 0;
   for (int b = b_begin; b < b_end; ++b) {
     int64_t n, L;
-    request_shape(b, n, L);
+    request_shape(p, b, n, L);
     const int64_t tiles = (n * H + kBlockM - 1) / kBlockM;
     const int64_t len = L + n;
     my_tiles += tiles;
@@ -191,6 +253,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
   chunk = chunk > by_cap ? chunk : by_cap;
   chunk = chunk > kChunkMinTokens ? chunk : kChunkMinTokens;
   chunk = (chunk + kBlockN - 1) / kBlockN * kBlockN;
+  chunk = one_wave_chunk(p, chunk, target, total_tiles, total_work, max_len, b_begin, b_end);
   if (tid == 0) *p.chunk = static_cast<int32_t>(chunk);
   // Pass 2, in rounds: round k publishes every thread's k-th request (its RequestMeta, table
   // position and tile count) to shared memory, a block scan of the tile counts numbers the
@@ -203,7 +266,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
     RequestMeta m{};
     if (b < b_end) {
       int64_t n, L;
-      request_shape(b, n, L);
+      request_shape(p, b, n, L);
       tiles = (n * H + kBlockM - 1) / kBlockM;
       const int64_t len = L + n;
       m.kv_start = load_index(p.kv_indptr, p.kv_indptr_64, b);
@@ -212,7 +275,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
       m.qo_start = static_cast<int32_t>(load_index(p.qo_indptr, p.qo_indptr_64, b));
       m.num_q = static_cast<int32_t>(n);
       m.prefix_len = static_cast<int32_t>(L);
-      m.num_splits = tiles > 0 ? static_cast<int32_t>((len + chunk - 1) / chunk) : 0;
+      m.num_splits = tiles > 0 ? splits_of(len, chunk) : 0;
       mask_pos += n * len;
     }
     s_req_meta[tid] = m;

@@ -10,9 +10,11 @@ allocation per call, so a plan can be made before CUDA-graph capture and refresh
 Work decomposition. Request b has N_b draft tokens and prefix L_b; its M_b = N_b x H query rows
 (token-major, head-minor) are cut into row tiles of ``BLOCK_M`` rows; its virtual KV sequence
 (L_b prefix tokens then the N_b draft tokens) is cut into splits of ``chunk`` tokens. One CTA
-handles one (row tile, split). ``chunk`` is uniform over the batch:
+handles one (row tile, split). ``chunk`` is uniform over the batch (``split_chunk``): start from
 ``max(ceil(sum_b tiles_b * (L_b + N_b) / target_ctas), ceil(max_b (L_b + N_b) / max_splits), 64)``
-rounded up to 32, so the grid is about one wave of CTAs and no request exceeds ``max_splits``.
+rounded up to 32, so that no request exceeds ``max_splits``; then take the smallest multiple of 32
+at or above it whose CTAs, ``sum_b tiles_b * ceil((L_b + N_b) / chunk)``, fit in ``target_ctas``
+(one wave), where one split per row tile fits at all.
 
 Workspace (bytes; each region starts 256-byte aligned), with S = ``num_tile_slots`` and
 P = ``max_splits * S * BLOCK_M`` partial rows when ``max_splits > 1`` (else 0):
@@ -27,6 +29,7 @@ BLOCK_M) for any split of T_total tokens into B requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +42,10 @@ TILE_META_BYTES = 48
 MAX_SPLITS = 128
 """Cap on KV splits per row tile (kMaxSplits in csrc/verify_config.h)."""
 ALIGN = 256
+BLOCK_N = 32
+"""KV tokens per tile (kBlockN); split sizes are multiples of it."""
+CHUNK_MIN_TOKENS = 2 * BLOCK_N
+"""Smallest split (kChunkMinTokens)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,43 @@ def choose_max_splits(num_heads: int, total_tokens: int, target_ctas: int) -> in
     """
     expected_tiles = max(1, math.ceil(total_tokens * num_heads / BLOCK_M))
     return max(1, min(MAX_SPLITS, math.ceil(2 * target_ctas / expected_tiles)))
+
+
+def _round_up(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def split_chunk(
+    requests: Sequence[tuple[int, int]], num_heads: int, target_ctas: int, max_splits: int
+) -> int:
+    """KV tokens per split for ``requests`` = [(draft tokens N_b, prefix L_b)]: the plan kernel's
+    rule (``one_wave_chunk`` in csrc/verify_kernel.cu), stated on the host for tests and tools."""
+    shapes = [(math.ceil(n * num_heads / BLOCK_M), prefix + n) for n, prefix in requests if n > 0]
+    if not shapes:
+        return CHUNK_MIN_TOKENS
+    tiles = sum(t for t, _ in shapes)
+    work = sum(t * length for t, length in shapes)
+    max_len = max(length for _, length in shapes)
+    target = max(1, target_ctas)
+    chunk = max(-(-work // target), -(-max_len // max_splits), CHUNK_MIN_TOKENS)
+    chunk = _round_up(chunk, BLOCK_N)
+
+    def ctas(c: int) -> int:
+        return sum(t * -(-length // c) for t, length in shapes)
+
+    if tiles > target or ctas(chunk) <= target:
+        return chunk
+    hi = _round_up(max_len, BLOCK_N)
+    if target > tiles:
+        hi = min(hi, _round_up(-(-work // (target - tiles)), BLOCK_N))
+    lo = chunk
+    while hi - lo > BLOCK_N:
+        mid = (lo + hi) // 2 // BLOCK_N * BLOCK_N
+        if ctas(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def workspace_layout(slots: int, max_splits: int) -> WorkspaceLayout:

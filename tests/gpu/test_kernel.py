@@ -19,7 +19,7 @@ import torch
 
 from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
-from kdtree_verify.plan import make_plan
+from kdtree_verify.plan import make_plan, split_chunk
 from kdtree_verify.testing import VerifyCase, boost_prefix_keys, make_case
 
 pytestmark = pytest.mark.gpu
@@ -350,3 +350,39 @@ def test_batch_wider_than_the_plan_block(num_draft: int, num_heads: int) -> None
     ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     assert_close_bf16(out, ref_out, f"B=600 T={num_draft} H={num_heads}")
     assert_lse_close(lse, ref_lse, f"B=600 T={num_draft} H={num_heads}")
+
+
+PLAN_BATCHES = {
+    "B=8 H=8 T=8 4k": ([(8, 4096)] * 8, 8),
+    "B=1 H=128 T=16 128k": ([(16, 131072)], 128),
+    "B=1 H=8 T=8 4k": ([(8, 4096)], 8),
+    "B=32 H=128 T=16 4k": ([(16, 4096)] * 32, 128),
+    "ragged": ([(5, 70000), (0, 300), (13, 1), (2, 4097), (8, 32768), (1, 0)], 16),
+    "no draft tokens": ([(0, 10), (0, 0)], 8),
+}
+
+
+@pytest.mark.parametrize("name", list(PLAN_BATCHES))
+def test_plan_splits_by_the_host_rule(name: str) -> None:
+    """The plan kernel's split size equals kdtree_verify.plan.split_chunk, and its row-tile table
+    gives every request ceil((L + N) / chunk) splits: one wave of CTAs wherever one fits."""
+    requests, heads = PLAN_BATCHES[name]
+    qo = torch.tensor([0, *itertools.accumulate(n for n, _ in requests)], device="cuda")
+    kv = torch.tensor([0, *itertools.accumulate(p for _, p in requests)], device="cuda",
+                      dtype=torch.int32)  # fmt: skip
+    plan = make_plan(len(requests), heads, int(qo[-1]), "cuda")
+    plan.update(qo, kv)
+    ws = plan.workspace.cpu()
+    chunk = int(ws[plan.layout.chunk : plan.layout.chunk + 4].view(torch.int32))
+    assert chunk == split_chunk(requests, heads, plan.target_ctas, plan.max_splits)
+    table = ws[plan.layout.tiles : plan.layout.tiles + 48 * plan.num_tile_slots]
+    table = table.view(torch.int32).view(plan.num_tile_slots, 12)
+    used = table[table[:, 8] >= 0]  # field 8: the request, -1 in an empty slot
+    expected = [
+        ((p + n + chunk - 1) // chunk, b)
+        for b, (n, p) in enumerate(requests)
+        for _ in range((n * heads + 31) // 32)
+    ]
+    assert sorted(zip(used[:, 7].tolist(), used[:, 8].tolist(), strict=True)) == sorted(expected)
+    if len(used) <= plan.target_ctas:
+        assert int(used[:, 7].sum()) <= plan.target_ctas

@@ -81,3 +81,60 @@ def test_max_splits_fills_the_machine_then_drops_to_one() -> None:
     assert plan.choose_max_splits(16, 16, target_ctas=132) == 33
     # H=128 x 32 tokens x 32 requests = 4096 row tiles: no splitting, no combine.
     assert plan.choose_max_splits(128, 32 * 32, target_ctas=132) == 1
+
+
+def _ctas(requests: list[tuple[int, int]], heads: int, chunk: int) -> int:
+    return sum(
+        math.ceil(n * heads / plan.BLOCK_M) * math.ceil((p + n) / chunk) for n, p in requests if n
+    )
+
+
+def _work_chunk(requests: list[tuple[int, int]], heads: int, target: int, cap: int) -> int:
+    """The split size before the one-wave step: work / target, the split cap, 64; rounded to 32."""
+    live = [(math.ceil(n * heads / plan.BLOCK_M), p + n) for n, p in requests if n]
+    work = sum(t * length for t, length in live)
+    chunk = max(-(-work // target), -(-max(length for _, length in live) // cap), 64)
+    return -(-chunk // 32) * 32
+
+
+def test_split_chunk_ends_the_second_wave_of_draft_only_splits() -> None:
+    # B=8, H=8, T=8, 4k: 16 row tiles. Work / 132 CTAs gives 512-token splits, 9 per request
+    # because of the 8 draft tokens, so 144 CTAs for 132 SMs. 544 gives 8 splits, 128 CTAs.
+    requests = [(8, 4096)] * 8
+    assert _work_chunk(requests, 8, 132, 17) == 512 and _ctas(requests, 8, 512) == 144
+    chunk = plan.split_chunk(requests, 8, target_ctas=132, max_splits=17)
+    assert chunk == 544 and _ctas(requests, 8, chunk) == 128
+    # B=1, H=128, T=32, 4k: 128 row tiles, 2 splits (4032 + 96 tokens) -> one split each.
+    assert plan.split_chunk([(32, 4096)], 128, target_ctas=132, max_splits=3) == 4128
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_split_chunk_is_the_smallest_one_wave_size(seed: int) -> None:
+    rng = random.Random(seed)
+    heads = rng.choice([8, 12, 16, 128])
+    requests = [
+        (rng.choice([0, 1, 2, 5, 8, 16, 32]), rng.choice([0, 1, 63, 1000, 4096, 32768, 131072]))
+        for _ in range(rng.randint(1, 40))
+    ]
+    target = rng.choice([132, 188, 170])
+    total = sum(n for n, _ in requests)
+    cap = plan.choose_max_splits(heads, total, target)
+    chunk = plan.split_chunk(requests, heads, target, cap)
+    assert chunk % 32 == 0 and chunk >= 64
+    if not any(n for n, _ in requests):
+        assert chunk == 64
+        return
+    start = _work_chunk(requests, heads, target, cap)
+    assert chunk >= start
+    assert max(math.ceil((p + n) / chunk) for n, p in requests if n) <= cap
+    tiles = sum(math.ceil(n * heads / plan.BLOCK_M) for n, _ in requests)
+    if tiles > target:
+        assert chunk == start  # more row tiles than CTAs in a wave: splitting less cannot help
+    else:
+        assert _ctas(requests, heads, chunk) <= target
+        if chunk > start:  # one step smaller would overflow the wave
+            assert _ctas(requests, heads, chunk - 32) > target
+
+
+def test_split_chunk_of_a_batch_without_draft_tokens() -> None:
+    assert plan.split_chunk([(0, 100), (0, 5)], 16, target_ctas=132, max_splits=4) == 64
