@@ -57,5 +57,6 @@ static_assert(kQkSlice % 16 == 0 && kVSlice % 16 == 0 && kHalfN == 16,
 constexpr int kChunkMinTokens = 2 * kBlockN;  // smallest split: two KV tiles
 constexpr int kMaxSplits = 128;               // cap on splits per (request, row tile)
 constexpr int kCombineWarps = 8;              // warps of a combine CTA (one output row)
+constexpr int kPlanThreads = 256;             // the plan kernel's one CTA
 
 }  // namespace kdtree

@@ -108,7 +108,6 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
 // the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
 // its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
-constexpr int kPlanThreads = 256;
 constexpr int kPlanWarps = kPlanThreads / 32;
 
 __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {

@@ -69,6 +69,7 @@ CONFIG_EXPRESSIONS = {
     "smem": "kSmemBytes",
     "threads": "kThreads",
     "combine_threads": "kCombineWarps * 32",
+    "plan_threads": "kPlanThreads",
     "m_tiles": "kMTiles",
     "qk_slice": "kQkSlice",
     "v_slice": "kVSlice",
@@ -151,7 +152,7 @@ def parse_report(text: str, consts: dict[str, int]) -> list[KernelReport]:
                 if is_attention
                 else consts["combine_threads"]
                 if kernel.startswith("combine_kernel")
-                else 1024
+                else consts["plan_threads"]
             )
             reports.append(
                 KernelReport(
