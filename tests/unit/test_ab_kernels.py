@@ -43,6 +43,10 @@ def test_prepare_copies_the_kernel_at_a_ref(clone: Path) -> None:
     assert (clone / "ab/HEAD/kernel/csrc/verify_kernel.cu").read_bytes() == (
         clone / "kernel/csrc/verify_kernel.cu"
     ).read_bytes()
+    # The variant's GPU tests come with it, so a variant is tested against its own test file.
+    assert (clone / "ab/HEAD/tests/gpu/test_kernel.py").read_bytes() == (
+        clone / "tests/gpu/test_kernel.py"
+    ).read_bytes()
     assert "ab/experiment_x_y <- experiment/x+y" in done.stdout
 
 
@@ -55,6 +59,24 @@ def test_run_without_variants_says_what_to_do(clone: Path, tmp_path: Path) -> No
     done = _ab(clone, "run", OUT=str(tmp_path / "out"), KDTREE_CUDA_ARCHS="90")
     assert done.returncode == 2
     assert "run prepare first" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AB_REPEATS": "0"}, "AB_REPEATS must be a positive integer"),
+        ({"AB_REPEATS": "two"}, "AB_REPEATS must be a positive integer"),
+        ({"AB_TEST_VARIANTS": "HEAD nope"}, "AB_TEST_VARIANTS: no variant ab/nope"),
+    ],
+)
+def test_run_refuses_bad_settings_before_touching_a_gpu(
+    clone: Path, tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    assert _ab(clone, "prepare", "HEAD").returncode == 0
+    done = _ab(clone, "run", OUT=str(tmp_path / "out"), KDTREE_CUDA_ARCHS="90", **env)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "== HEAD" not in done.stdout  # nothing was built
 
 
 def test_with_runs_a_command_against_the_variant(clone: Path) -> None:
