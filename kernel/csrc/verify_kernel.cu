@@ -105,9 +105,10 @@ __device__ __forceinline__ uint32_t load_u32(const void* p) {
 // tiles / mask sizes / work per thread; a warp-shuffle scan plus one pass over the 8 warp totals
 // turns counts into offsets (a single __syncthreads); pass 2 writes the row-tile table with
 // all threads. The KV split size ("chunk") is uniform over the batch: total work / target CTAs, at
-// least ceil(max_len / max_splits), rounded to kBlockN. Latency matters more than width here:
-// the whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying
-// its request's RequestMeta, so attention and combine CTAs read their schedule in one load.
+// least ceil(max_len / max_splits), rounded to kBlockN, then raised until the CTAs fit one wave
+// (one_wave_chunk: one barrier per bisection step). Latency matters more than width here: the
+// whole kernel is a few dependent global round trips. Each row tile gets a TileMeta carrying its
+// request's RequestMeta, so attention and combine CTAs read their schedule in one load.
 constexpr int kPlanWarps = kPlanThreads / 32;
 
 __device__ __forceinline__ int64_t warp_inclusive_scan(int64_t v, int lane) {

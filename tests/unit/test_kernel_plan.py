@@ -23,6 +23,8 @@ def _cpp_constant(name: str) -> int:
 
 def test_constants_match_the_kernel_config() -> None:
     assert _cpp_constant("kBlockM") == plan.BLOCK_M
+    assert _cpp_constant("kBlockN") == plan.BLOCK_N
+    assert "kChunkMinTokens = 2 * kBlockN;" in CONFIG and plan.CHUNK_MIN_TOKENS == 2 * plan.BLOCK_N
     assert _cpp_constant("kMaxSplits") == plan.MAX_SPLITS
     assert _cpp_constant("kHeadDimV") == plan.V_DIM
 
