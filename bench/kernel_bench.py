@@ -15,9 +15,13 @@ Timing: each contender is captured in a CUDA graph as K calls (K = 1..10, so tha
 ~40 ms), each preceded by an L2 flush (zeroing a 256 MiB buffer); a graph of the K flushes alone is
 timed too and subtracted, so the figure is the per-call time with a cold L2, as in a real forward
 where 61 layers stream their KV. Median of 5 replays (2-3 for the slow baselines).
+``--l2`` picks the L2 state each call meets (a diagnostic; every record is ``flushed``):
+``flushed`` as above (the flush leaves L2 full of dirty lines, which the call's misses must
+write back), ``clean`` (the flush reads the buffer instead: L2 full of clean, unrelated lines),
+``warm`` (no flush: what the previous call left, e.g. the whole KV of a small shape).
 
 Usage: python bench/kernel_bench.py [--out bench/results/h200.json] [--quick] [--kdtree-only]
-                                   [--part K/N]
+                                   [--part K/N] [--l2 flushed|clean|warm]
        python bench/kernel_bench.py --merge part1.json part2.json ... --out bench/results/h200.json
 ``--part K/N`` runs every N-th grid shape starting at the K-th (the Triton baselines compile per
 shape, so the whole grid with baselines takes longer than one 10-minute GPU command);
@@ -96,6 +100,9 @@ def merge_parts(paths: list[str], out: str) -> Path:
     and metadata (each part's own ceilings are kept under `parts`), `complete` when the records
     cover the grid exactly once, and the summary recomputed."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
+    timings = {part.get("timing") for part in parts}
+    if len(timings) > 1:  # e.g. an --l2 warm part among flushed ones
+        raise ValueError(f"merge: the parts were timed differently: {sorted(map(str, timings))}")
     order = {shape: i for i, shape in enumerate(grid_shapes())}
     records = sorted(
         (r for part in parts for r in part["records"]),
@@ -123,24 +130,39 @@ class Timer:
     ``max_calls``); the median of ``reps`` replays is reported.
     """
 
-    def __init__(self, graph_ms: float = 40.0, max_calls: int = 10, flush_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        graph_ms: float = 40.0,
+        max_calls: int = 10,
+        flush_bytes: int = 256 << 20,
+        l2: str = "flushed",
+    ):
+        if l2 not in L2_STATES:
+            raise ValueError(f"l2: one of {', '.join(L2_STATES)}, got {l2!r}")
         self.graph_ms = graph_ms
         self.max_calls = max_calls
-        self.flush_buf = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+        self.flush_buf = torch.zeros(flush_bytes, dtype=torch.uint8, device="cuda")
+        self.l2 = l2
         self._flush_us: dict[int, float] = {}
+
+    def _flush(self) -> None:
+        if self.l2 == "flushed":
+            self.flush_buf.zero_()
+        elif self.l2 == "clean":
+            self.flush_buf.amax()  # reads every line, writes one byte
 
     def _capture(self, fn, calls: int) -> torch.cuda.CUDAGraph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             fn()  # warm-up (Triton compiles, caches fill) outside the capture
-            self.flush_buf.zero_()
+            self._flush()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
-                self.flush_buf.zero_()
+                self._flush()
                 fn()
         return graph
 
@@ -175,6 +197,18 @@ class Timer:
         if calls not in self._flush_us:
             self._flush_us[calls] = self._graph_us(lambda: None, calls, 5)
         return max(0.0, self._graph_us(fn, calls, reps) - self._flush_us[calls])
+
+
+L2_STATES = {
+    "flushed": "L2 flushed (256 MiB zeroed) before each call",
+    "clean": "L2 refilled with clean lines (256 MiB read) before each call",
+    "warm": "no flush: L2 as the previous call left it",
+}
+"""``--l2`` choices and how the result's ``timing`` field describes each."""
+
+
+def timing_note(l2: str) -> str:
+    return f"CUDA-graph replay, {L2_STATES[l2]}, flush time subtracted"
 
 
 def measure_ceilings() -> dict:
@@ -336,7 +370,12 @@ def summarize(records: list[dict]) -> dict:
 
 
 def write_result(
-    out: str, props, ceilings: dict, records: list[dict], summary: dict | None
+    out: str,
+    props,
+    ceilings: dict,
+    records: list[dict],
+    summary: dict | None,
+    l2: str = "flushed",
 ) -> Path:
     """Write the JSON (also after every shape, so a run cut short keeps what it measured)."""
     result = {
@@ -345,7 +384,7 @@ def write_result(
         "torch": torch.__version__,
         "python": platform.python_version(),
         "dtype": "bfloat16",
-        "timing": "CUDA-graph replay, L2 flushed before each call, flush time subtracted",
+        "timing": timing_note(l2),
         "extend_skipped_when_B_x_prefix_gt": EXTEND_MAX_B_X_PREFIX,
         "complete": summary is not None,
         "ceilings": ceilings,
@@ -368,9 +407,16 @@ def main() -> int:
     parser.add_argument(
         "--shapes", type=parse_shapes, metavar="BxHxTxP,...", help="these grid shapes, in order"
     )
+    parser.add_argument(
+        "--l2", choices=list(L2_STATES), default="flushed", help="L2 state before each call"
+    )
     args = parser.parse_args()
     if args.merge:
-        out_path = merge_parts(args.merge, args.out)
+        try:
+            out_path = merge_parts(args.merge, args.out)
+        except ValueError as exc:
+            print(f"kernel_bench: {exc}", file=sys.stderr)
+            return 2
         log(f"wrote {out_path}")
         return 0
     if not torch.cuda.is_available():
@@ -400,7 +446,7 @@ def main() -> int:
     pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
     log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
     pool = Pool(pool_rows, gen)
-    timer = Timer()
+    timer = Timer(l2=args.l2)
     records = []
     t_start = time.time()
     for B, H, T, P in shapes:
@@ -492,11 +538,11 @@ def main() -> int:
             f"[{time.time() - t_start:.0f} s]"
         )
         del inp, out, lse, plan
-        write_result(args.out, props, ceilings, records, None)
+        write_result(args.out, props, ceilings, records, None, args.l2)
     summary = summarize(records)
     summary["bench_seconds"] = round(time.time() - t_start, 1)
     log(json.dumps(summary, indent=1))
-    out_path = write_result(args.out, props, ceilings, records, summary)
+    out_path = write_result(args.out, props, ceilings, records, summary, args.l2)
     log(f"wrote {out_path}")
     return 0 if all(math.isfinite(r["kdtree_us"]) for r in records) else 1
 

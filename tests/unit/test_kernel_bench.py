@@ -80,3 +80,22 @@ def test_mma_sync_efficiency_uses_the_slower_roof() -> None:
     # memory-bound: 4 GB at 4 TB/s = 1000 us ideal, measured 2000 us
     assert kernel_bench.mma_sync_efficiency(4e9, 1e9, 2000.0, ceilings) == 0.5
     assert kernel_bench.mma_sync_efficiency(4e9, 1e9, 2000.0, {"copy_TBps": 4.0}) is None
+
+
+def test_merge_refuses_parts_timed_with_different_l2_states(tmp_path: Path) -> None:
+    grid = kernel_bench.grid_shapes()
+    flushed, warm = _part(tmp_path / "f.json", grid[:40]), _part(tmp_path / "w.json", grid[40:])
+    for path, l2 in [(flushed, "flushed"), (warm, "warm")]:
+        data = json.loads(Path(path).read_text())
+        data["timing"] = kernel_bench.timing_note(l2)
+        Path(path).write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="timed differently"):
+        kernel_bench.merge_parts([flushed, warm], str(tmp_path / "m.json"))
+
+
+def test_l2_states_are_described_and_checked() -> None:
+    assert set(kernel_bench.L2_STATES) == {"flushed", "clean", "warm"}
+    assert "256 MiB zeroed" in kernel_bench.timing_note("flushed")
+    assert "no flush" in kernel_bench.timing_note("warm")
+    with pytest.raises(ValueError, match="l2: one of flushed, clean, warm"):
+        kernel_bench.Timer(l2="hot")  # refused before any CUDA allocation
