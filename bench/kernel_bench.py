@@ -145,7 +145,8 @@ class Timer:
         self.l2 = l2
         self._flush_us: dict[int, float] = {}
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Put L2 into this timer's state (a kernel on the current stream; none for warm)."""
         if self.l2 == "flushed":
             self.flush_buf.zero_()
         elif self.l2 == "clean":
@@ -156,13 +157,13 @@ class Timer:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             fn()  # warm-up (Triton compiles, caches fill) outside the capture
-            self._flush()
+            self.flush()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(calls):
-                self._flush()
+                self.flush()
                 fn()
         return graph
 

@@ -1,12 +1,13 @@
 """Timeline of one layer call (probe build): L2 flush -> marker kernel -> attention -> combine.
 
 Needs a kernel built with the timeline probe (%globaltimer stamps per CTA and the extension's
-probe_marker / probe_reset / probe_read): the patch is results/gpu_run50_probe_warm/variants/
-(run 32's, which applies to the kernel of d3e3bec unchanged). Run it with that variant first on
+probe_marker / probe_reset / probe_read): the patch is results/gpu_run51_probe_q/variants/
+(run 32's on the kernel of d3e3bec, plus a stamp when a CTA's Q fragments have landed in thread
+0's registers, in the slot where run 32's stamped the SM id). Run it with that variant first on
 PYTHONPATH: bench/ab_kernels.sh with NAME python3 bench/probe_timeline.py [--l2 flushed|warm].
 Prints, per shape, in microseconds from the marker kernel's stamp: attention CTA entry (min,
-median, max), metadata ready, first tile landed, loop end, epilogue end; combine entry/weights/end,
-and the globaltimer's observed resolution. ``--l2`` is kernel_bench.py's (``warm``: no flush, so
+median, max), metadata ready, Q landed, first tile landed, loop end, epilogue end; combine
+entry/weights/end, and the globaltimer's observed resolution. ``--l2`` is kernel_bench.py's (``warm``: no flush, so
 the call finds what the previous replay left in L2).
 """
 
@@ -85,6 +86,7 @@ def main() -> None:
         for name, k in (("entry", 0), ("meta", 1), ("tile0", 2), ("loop", 3), ("end", 4)):
             print(f"  attn {name:6s} min/med/max us {q([rel(x[k]) for x in a])}")
         print(f"  attn meta-entry  {q([(x[1] - x[0]) / 1e3 for x in a])}")
+        print(f"  attn q-meta      {q([(x[6] - x[1]) / 1e3 for x in a])}")
         print(f"  attn tile0-meta  {q([(x[2] - x[1]) / 1e3 for x in a])}")
         print(f"  attn loop-tile0  {q([(x[3] - x[2]) / 1e3 for x in a])}")
         print(f"  attn end-loop    {q([(x[4] - x[3]) / 1e3 for x in a])}")
