@@ -124,6 +124,8 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.q = q.data_ptr();
   p.q_stride_tok = q.stride(0);
   p.q_stride_head = q.stride(1);
+  p.q_rows_16b = reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 && q.stride(0) % 8 == 0 &&
+                 q.stride(1) % 8 == 0;
   p.k_ext = k_ext.data_ptr();
   p.k_ext_stride = k_ext.stride(0);
   p.v_ext = v_ext.data_ptr();

@@ -142,8 +142,11 @@ def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, ma
 
 @pytest.mark.parametrize(
     "variant",
-    ["int32_indices", "bool_mask", "separate_v", "fp16", "int32_indptr", "all_prefix_zero"],
-)
+    [
+        "int32_indices", "bool_mask", "separate_v", "fp16", "int32_indptr", "all_prefix_zero",
+        "q_rows_strided", "q_rows_unaligned",
+    ],
+)  # fmt: skip
 def test_input_variants(variant: str) -> None:
     kwargs = {"dtype": torch.bfloat16, "device": "cuda", "seed": 11}
     prefix_lens = (4097, 0, 65, 1)
@@ -164,6 +167,15 @@ def test_input_variants(variant: str) -> None:
         case.mask_indptr = case.mask_indptr.int()
     if variant == "separate_v":
         assert case.v_buffer.data_ptr() != case.k_buffer.data_ptr()
+    if variant.startswith("q_rows"):
+        # Q as a view with padded rows: 584 keeps each row 16-byte aligned (copied to shared
+        # memory), 580 does not (read straight into registers).
+        width = 584 if variant == "q_rows_strided" else 580
+        padded = torch.full((*case.q.shape[:2], width), float("nan"), dtype=case.q.dtype,
+                            device="cuda")  # fmt: skip
+        padded[..., :576] = case.q
+        case.q = padded[..., :576]
+        assert not case.q.is_contiguous()
     out, lse = run_case(case)
     ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     assert_close_bf16(out, ref_out, variant)
