@@ -1,14 +1,14 @@
 """Timeline of one layer call (probe build): L2 flush -> marker kernel -> attention -> combine.
 
 Needs a kernel built with the timeline probe (%globaltimer stamps per CTA and the extension's
-probe_marker / probe_reset / probe_read): the patch is results/gpu_run51_probe_q/variants/
-(run 32's on the kernel of d3e3bec, plus a stamp when a CTA's Q fragments have landed in thread
-0's registers, in the slot where run 32's stamped the SM id). Run it with that variant first on
-PYTHONPATH: bench/ab_kernels.sh with NAME python3 bench/probe_timeline.py [--l2 flushed|warm].
+probe_marker / probe_reset / probe_read): the patch is results/gpu_run54_probe_shipped/variants/
+(run 32's on the shipped kernel 33e6a04, plus a stamp when thread 0's Q fragments have landed, in
+the slot where run 32's stamped the SM id). Run it with that variant first on PYTHONPATH:
+bench/ab_kernels.sh with NAME python3 bench/probe_timeline.py [--l2 flushed warm].
 Prints, per shape, in microseconds from the marker kernel's stamp: attention CTA entry (min,
 median, max), metadata ready, Q landed, first tile landed, loop end, epilogue end; combine
-entry/weights/end, and the globaltimer's observed resolution. ``--l2`` is kernel_bench.py's (``warm``: no flush, so
-the call finds what the previous replay left in L2).
+entry/weights/end, and the globaltimer's observed resolution. ``--l2`` takes kernel_bench.py's
+states, one timeline each (``warm``: no flush, so the call finds what the previous replay left).
 """
 
 from __future__ import annotations
@@ -38,14 +38,25 @@ def q(xs: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--l2", choices=list(L2_STATES), default="flushed")
+    parser.add_argument(
+        "--l2", nargs="+", choices=list(L2_STATES), default=["flushed"], help="one timeline each"
+    )
     args = parser.parse_args()
-    print(f"L2: {L2_STATES[args.l2]}", flush=True)
     ext = load()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    pool = Pool(max(B * P + B * T for B, _, T, P in SHAPES) + 1024, gen)
-    timer = Timer(l2=args.l2)
+    pool = Pool(
+        max(B * P + B * T for B, _, T, P in SHAPES) + 1024,
+        torch.Generator(device="cuda").manual_seed(0),
+    )
     scale = deepseek_v3_sm_scale()
+    for l2 in args.l2:
+        print(f"L2: {L2_STATES[l2]}", flush=True)
+        probe_shapes(ext, pool, Timer(l2=l2), scale)
+    print("done")
+
+
+def probe_shapes(ext, pool: Pool, timer: Timer, scale: float) -> None:
+    """Print the timeline of one layer call per shape (the same inputs for every L2 state)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
     for B, H, T, P in SHAPES:
         inp = build_inputs(pool, B, H, T, P, gen)
         out = torch.empty(B * T, H, 512, dtype=torch.bfloat16, device="cuda")
@@ -94,8 +105,6 @@ def main() -> None:
             print(f"  comb {name:7s} min/med/max us {q([rel(x[k]) for x in cb])}")
         ends = [max([rel(x[2]) for x in c] + [rel(x[4]) for x in aa]) for aa, c, rel in rows]
         print(f"  last stamp per replay (us after marker): {[round(e, 2) for e in ends]}")
-    # graph-timed layer call without the probe marker, for reference
-    print("done")
 
 
 if __name__ == "__main__":
