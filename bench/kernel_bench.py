@@ -141,7 +141,10 @@ class Timer:
             raise ValueError(f"l2: one of {', '.join(L2_STATES)}, got {l2!r}")
         self.graph_ms = graph_ms
         self.max_calls = max_calls
-        self.flush_buf = torch.zeros(flush_bytes, dtype=torch.uint8, device="cuda")
+        # warm needs no buffer; zeros so that the clean flush reads initialized memory
+        self.flush_buf = (
+            None if l2 == "warm" else torch.zeros(flush_bytes, dtype=torch.uint8, device="cuda")
+        )
         self.l2 = l2
         self._flush_us: dict[int, float] = {}
 
