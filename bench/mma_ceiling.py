@@ -29,15 +29,16 @@ FLOP_PER_MMA = 2 * 16 * 8 * 16
 VARIANTS = {"registers": 0, "ldmatrix": 1}
 
 
-def build(arch: str, out_dir: Path) -> Path:
-    """Compile the ceiling kernels for sm_<arch> into a shared library (no GPU needed)."""
+def build(arch: str, out_dir: Path, source: Path = SOURCE) -> Path:
+    """Compile ``source`` (default: the mma.sync ceiling kernels) for sm_<arch> into a shared
+    library (no GPU needed)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        raise RuntimeError("nvcc not found on PATH: the mma ceiling is compiled at run time")
-    lib = out_dir / f"mma_ceiling_sm{arch}.so"
+        raise RuntimeError("nvcc not found on PATH: the ceiling kernels are compiled at run time")
+    lib = out_dir / f"{source.stem}_sm{arch}.so"
     cmd = [
         nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-        f"-I{KERNEL_CSRC}", str(SOURCE), "-o", str(lib),
+        f"-I{KERNEL_CSRC}", str(source), "-o", str(lib),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
