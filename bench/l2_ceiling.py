@@ -11,12 +11,10 @@ Usage (GPU machine): python bench/l2_ceiling.py [--arch 90] [--out bench/results
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import json
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/mma_ceiling.py
 
@@ -51,31 +49,15 @@ def measure(dll: ctypes.CDLL, sms: int) -> dict:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arch", help="SM version to compile for (default: the local GPU's)")
-    parser.add_argument("--out", help="write the result JSON here")
-    args = parser.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        print("l2_ceiling: needs a CUDA device", file=sys.stderr)
-        return 2
-    props = torch.cuda.get_device_properties(0)
-    arch = args.arch or f"{props.major}{props.minor}"
-    result = {
-        "device": props.name,
-        "sms": props.multi_processor_count,
-        "arch": f"sm_{arch}",
+def measure_lib(lib: Path, props: Any) -> dict:
+    return {
         "l2_MiB": round(props.L2_cache_size / 2**20, 1),
+        **measure(load(lib), props.multi_processor_count),
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        lib = mma_ceiling.build(arch, Path(tmp), source=SOURCE)
-        result.update(measure(load(lib), props.multi_processor_count))
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+
+
+def main() -> int:
+    return mma_ceiling.ceiling_cli("l2_ceiling", __doc__, SOURCE, measure_lib)
 
 
 if __name__ == "__main__":

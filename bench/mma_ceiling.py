@@ -21,7 +21,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "mma_ceiling.cu"
 KERNEL_CSRC = Path(__file__).resolve().parents[1] / "kernel" / "csrc"  # mma_sm80.h
@@ -78,25 +80,36 @@ def measure(dll: ctypes.CDLL, sms: int, iters: int = 20_000, reps: int = 5) -> d
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def ceiling_cli(tool: str, doc: str, source: Path, measure_lib: Callable[[Path, Any], dict]) -> int:
+    """The command line of a ceiling tool: compile ``source`` for the local GPU (or ``--arch``),
+    measure with ``measure_lib(library, device properties)``, print and optionally save the JSON."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--arch", help="SM version to compile for (default: the local GPU's)")
     parser.add_argument("--out", help="write the result JSON here")
     args = parser.parse_args()
     import torch
 
     if not torch.cuda.is_available():
-        print("mma_ceiling: needs a CUDA device", file=sys.stderr)
+        print(f"{tool}: needs a CUDA device", file=sys.stderr)
         return 2
     props = torch.cuda.get_device_properties(0)
     arch = args.arch or f"{props.major}{props.minor}"
+    result = {"device": props.name, "sms": props.multi_processor_count, "arch": f"sm_{arch}"}
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"device": props.name, "sms": props.multi_processor_count, "arch": f"sm_{arch}"}
-        result.update(measure(load(build(arch, Path(tmp))), props.multi_processor_count))
+        result.update(measure_lib(build(arch, Path(tmp), source=source), props))
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def main() -> int:
+    return ceiling_cli(
+        "mma_ceiling",
+        __doc__,
+        SOURCE,
+        lambda lib, props: measure(load(lib), props.multi_processor_count),
+    )
 
 
 if __name__ == "__main__":
