@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "bench")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/kernel_bench.py
 from kernel_bench import L2_STATES, Pool, Timer, build_inputs, kdtree_layer_call
 
 from kdtree_verify import deepseek_v3_sm_scale
@@ -29,7 +30,7 @@ SHAPES = [(1, 8, 8, 4096), (1, 16, 8, 4096), (1, 8, 8, 32768), (8, 8, 8, 4096)]
 ATTN, ATTN_CTAS, COMB = 16, 4096, 16 + 8 * 4096
 
 
-def q(xs: list[float]) -> str:
+def min_med_max(xs: list[float]) -> str:
     if not xs:
         return "-"
     xs = sorted(xs)
@@ -90,19 +91,19 @@ def probe_shapes(ext, pool: Pool, timer: Timer, scale: float) -> None:
         diffs = [b - c for b, c in zip(stamps[1:], stamps[:-1], strict=True) if b != c]
         print(
             f"== B={B} H={H} T={T} prefix={P}: {len(a)} attention CTAs "
-            f"(tiles {q([float(x[5]) for x in a])}), {len(cb)} combine CTAs; "
+            f"(tiles {min_med_max([float(x[5]) for x in a])}), {len(cb)} combine CTAs; "
             f"min stamp step {min(diffs) if diffs else 0} ns",
             flush=True,
         )
         for name, k in (("entry", 0), ("meta", 1), ("tile0", 2), ("loop", 3), ("end", 4)):
-            print(f"  attn {name:6s} min/med/max us {q([rel(x[k]) for x in a])}")
-        print(f"  attn meta-entry  {q([(x[1] - x[0]) / 1e3 for x in a])}")
-        print(f"  attn q-meta      {q([(x[6] - x[1]) / 1e3 for x in a])}")
-        print(f"  attn tile0-meta  {q([(x[2] - x[1]) / 1e3 for x in a])}")
-        print(f"  attn loop-tile0  {q([(x[3] - x[2]) / 1e3 for x in a])}")
-        print(f"  attn end-loop    {q([(x[4] - x[3]) / 1e3 for x in a])}")
+            print(f"  attn {name:6s} min/med/max us {min_med_max([rel(x[k]) for x in a])}")
+        print(f"  attn meta-entry  {min_med_max([(x[1] - x[0]) / 1e3 for x in a])}")
+        print(f"  attn q-meta      {min_med_max([(x[6] - x[1]) / 1e3 for x in a])}")
+        print(f"  attn tile0-meta  {min_med_max([(x[2] - x[1]) / 1e3 for x in a])}")
+        print(f"  attn loop-tile0  {min_med_max([(x[3] - x[2]) / 1e3 for x in a])}")
+        print(f"  attn end-loop    {min_med_max([(x[4] - x[3]) / 1e3 for x in a])}")
         for name, k in (("entry", 0), ("weights", 1), ("end", 2)):
-            print(f"  comb {name:7s} min/med/max us {q([rel(x[k]) for x in cb])}")
+            print(f"  comb {name:7s} min/med/max us {min_med_max([rel(x[k]) for x in cb])}")
         ends = [max([rel(x[2]) for x in c] + [rel(x[4]) for x in aa]) for aa, c, rel in rows]
         print(f"  last stamp per replay (us after marker): {[round(e, 2) for e in ends]}")
 

@@ -82,8 +82,12 @@ def choose_max_splits(num_heads: int, total_tokens: int, target_ctas: int) -> in
     return max(1, min(MAX_SPLITS, math.ceil(2 * target_ctas / expected_tiles)))
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _round_up(x: int, step: int) -> int:
-    return -(-x // step) * step
+    return _ceil_div(x, step) * step
 
 
 def split_chunk(
@@ -98,17 +102,17 @@ def split_chunk(
     work = sum(t * length for t, length in shapes)
     max_len = max(length for _, length in shapes)
     target = max(1, target_ctas)
-    chunk = max(-(-work // target), -(-max_len // max_splits), CHUNK_MIN_TOKENS)
+    chunk = max(_ceil_div(work, target), _ceil_div(max_len, max_splits), CHUNK_MIN_TOKENS)
     chunk = _round_up(chunk, BLOCK_N)
 
     def ctas(c: int) -> int:
-        return sum(t * -(-length // c) for t, length in shapes)
+        return sum(t * _ceil_div(length, c) for t, length in shapes)
 
     if tiles > target or ctas(chunk) <= target:
         return chunk
     hi = _round_up(max_len, BLOCK_N)
     if target > tiles:
-        hi = min(hi, _round_up(-(-work // (target - tiles)), BLOCK_N))
+        hi = min(hi, _round_up(_ceil_div(work, target - tiles), BLOCK_N))
     lo = chunk
     while hi - lo > BLOCK_N:
         mid = (lo + hi) // 2 // BLOCK_N * BLOCK_N
