@@ -80,6 +80,19 @@ def test_checker_flags_spills_stack_and_oversized_smem() -> None:
         assert needle in found
 
 
+def test_short_names_keep_template_arguments_apart() -> None:
+    """Two instantiations of one kernel get two names, so each is checked and summarized."""
+    prefix = "_ZN6kdtree49_GLOBAL__N__9fca35cc_16_verify_kernel_cu_26b57768"
+    names = [
+        ("14combine_kernelI13__nv_bfloat16Li4EEEvNS_12VerifyParamsE", "combine_kernel<bf16,4>"),
+        ("14combine_kernelI6__halfLi9EEEvNS_12VerifyParamsE", "combine_kernel<fp16,9>"),
+        ("16attention_kernelI13__nv_bfloat16EEvNS_12VerifyParamsE", "attention_kernel<bf16>"),
+        ("11plan_kernelENS_12VerifyParamsE", "plan_kernel"),
+    ]
+    for mangled, short in names:
+        assert _ptxas.short_name(prefix + mangled) == short, mangled
+
+
 def test_arch_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KDTREE_CUDA_ARCHS", raising=False)
     assert _build.cuda_archs() == ["80", "90", "120"]
