@@ -21,8 +21,11 @@ KERNELS = {
     "plan_kernel",
     "attention_kernel<bf16>",
     "attention_kernel<fp16>",
-    "combine_kernel<bf16>",
-    "combine_kernel<fp16>",
+    # the combine in both batch sizes (kCombineBatchNarrow, kCombineBatchWide); the host picks one
+    "combine_kernel<bf16,4>",
+    "combine_kernel<fp16,4>",
+    "combine_kernel<bf16,9>",
+    "combine_kernel<fp16,9>",
 }
 
 
