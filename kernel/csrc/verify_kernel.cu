@@ -984,11 +984,14 @@ int64_t wide_combine_wave() {
 template <typename Elem>
 void launch_combine_t(const VerifyParams& p, cudaStream_t stream) {
   // One CTA per row, launched as a programmatic dependent of the attention kernel where the
-  // device supports it. The wide batch where the whole grid runs in one wave of it (no CTA waits
-  // for a slot, and a row of <= 72 splits loads in one round trip), else the narrow batch's two
-  // CTAs per SM. The grid depends only on the shape, so a captured graph replays the same choice.
+  // device supports it. The wide batch where the rows with work run in one wave of it (no CTA
+  // waits for a slot, and a row of <= 72 splits loads in one round trip), else the narrow batch's
+  // two CTAs per SM. The grid's padding rows (slots past the last row tile, rows past a tile's
+  // end) return before they wait, so only the T_total x H real rows count. Both depend only on
+  // the shape, so a captured graph replays the same choice.
   const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;
-  const auto kernel = rows <= wide_combine_wave<Elem>()
+  const int64_t working_rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const auto kernel = working_rows <= wide_combine_wave<Elem>()
                           ? combine_kernel<Elem, kCombineBatchWide>
                           : combine_kernel<Elem, kCombineBatchNarrow>;
   launch_maybe_dependent(kernel, dim3(static_cast<unsigned>(rows)), kCombineWarps * 32, 0, stream,
