@@ -12,7 +12,10 @@
 //                     prefix (kv_indices -> k_buffer) followed by its N draft tokens (k_extend),
 //                     so the tree-masked draft block is just the tail of the last split.
 //   combine_kernel    log-sum-exp merge of the splits' normalized partials (requests with one
-//                     split are written directly by the attention kernel and skipped here).
+//                     split are written directly by the attention kernel and skipped here). Two
+//                     instantiations: the host takes the wide batch (a row's <= 72 splits in one
+//                     round of loads, one CTA per SM) when the grid fits one wave of it, else the
+//                     narrow one (32 splits per round, two CTAs per SM).
 // On sm_90 and up (sm_120 included) attention and combine are programmatic dependent launches:
 // each may start while its predecessor drains and waits for it before reading its output.
 //
@@ -791,11 +794,19 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 // Every warp derives the weights itself (all split LSEs, 4 per lane, reduced with shuffles) so no
 // CTA barrier sits between the LSE loads and the partial loads: the first batch of partials is
 // already in flight while the weights are computed. Warp w takes splits w, w + 8, ... in batches
-// of kCombineBatch (lane = 16 columns: 4 float4 per split), and the 8 warp sums meet in shared
-// memory. Splits that saw no visible token carry lse = -inf and zero output, and get weight 0.
-constexpr int kCombineBatch = 4;
+// of kBatch (lane = 16 columns: 4 float4 per split), and the 8 warp sums meet in shared memory.
+// Splits that saw no visible token carry lse = -inf and zero output, and get weight 0.
+//
+// Two batch sizes, chosen per launch by the host (launch_combine_t): one-round loads against
+// occupancy. The wide one loads 72 splits per round, so a row of <= 72 splits (the 65 of B=1,
+// H=8, T=8, 4k) takes one round trip of loads instead of three: ~1 us saved where the grid has
+// at most ~128 rows. But it needs 185 registers on sm_90 and fits once per SM where the narrow
+// one (94) fits twice, and used everywhere it cost up to 1.14x at grids of 256+ rows (run 57,
+// bench/results/gpu_run57_ab_combine/).
+constexpr int kCombineBatchWide = 9;    // 72 splits per round: one round at <= 72 splits
+constexpr int kCombineBatchNarrow = 4;  // 32 splits per round: two CTAs per SM
 
-template <typename Elem>
+template <typename Elem, int kBatch>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const VerifyParams p) {
   __shared__ float weights[kCombineWarps][kMaxSplits];
   __shared__ float4 partial[kCombineWarps][kHeadDimV / 4];
@@ -819,9 +830,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int64_t tok = meta.qo_start + t;
   wait_for_prerequisite_grid();  // the partials and LSEs of the attention kernel
 
-  auto load_batch = [&](int s0, float4 (&v)[kCombineBatch][4]) {
+  auto load_batch = [&](int s0, float4 (&v)[kBatch][4]) {
 #pragma unroll
-    for (int u = 0; u < kCombineBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u * kCombineWarps;
       const float4* src =
           reinterpret_cast<const float4*>(p.o_part + (base + s * split_stride) * kHeadDimV);
@@ -830,7 +841,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
         v[u][k] = s < ns ? src[k * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
-  float4 v[kCombineBatch][4];
+  float4 v[kBatch][4];
   load_batch(warp, v);
 
   constexpr int kPerLane = kMaxSplits / 32;
@@ -862,9 +873,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   float4 acc[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = warp;; s0 += kCombineBatch * kCombineWarps) {
+  for (int s0 = warp;; s0 += kBatch * kCombineWarps) {
 #pragma unroll
-    for (int u = 0; u < kCombineBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u * kCombineWarps;
       const float wgt = s < ns ? weights[warp][s] : 0.f;
 #pragma unroll
@@ -875,8 +886,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
         acc[k].w += wgt * v[u][k].w;
       }
     }
-    if (s0 + kCombineBatch * kCombineWarps >= ns) break;
-    load_batch(s0 + kCombineBatch * kCombineWarps, v);
+    if (s0 + kBatch * kCombineWarps >= ns) break;
+    load_batch(s0 + kBatch * kCombineWarps, v);
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) partial[warp][k * 32 + lane] = acc[k];
@@ -951,13 +962,40 @@ void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
                          kSmemBytes, stream, p);
 }
 
+// How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), cached per
+// device and dtype like device_supports_pdl(): neither query is a stream operation, so this is
+// also fine during CUDA-graph capture, and later calls cost a table lookup.
+template <typename Elem>
+int64_t wide_combine_wave() {
+  constexpr int kMaxDevices = 64;
+  static int64_t cached[kMaxDevices] = {};  // 0 unknown, else 1 + the CTAs of one wave
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  if (cached[dev] == 0) {
+    int sms = 0, per_sm = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, combine_kernel<Elem, kCombineBatchWide>, kCombineWarps * 32, 0);
+    cached[dev] = 1 + static_cast<int64_t>(sms > 0 ? sms : 0) * (per_sm > 0 ? per_sm : 0);
+  }
+  return cached[dev] - 1;
+}
+
 template <typename Elem>
 void launch_combine_t(const VerifyParams& p, cudaStream_t stream) {
   // One CTA per row, launched as a programmatic dependent of the attention kernel where the
-  // device supports it.
+  // device supports it. The wide batch where the rows with work run in one wave of it (no CTA
+  // waits for a slot, and a row of <= 72 splits loads in one round trip), else the narrow batch's
+  // two CTAs per SM. The grid's padding rows (slots past the last row tile, rows past a tile's
+  // end) return before they wait, so only the T_total x H real rows count. Both depend only on
+  // the shape, so a captured graph replays the same choice.
   const int64_t rows = static_cast<int64_t>(p.num_tile_slots) * kBlockM;
-  launch_maybe_dependent(combine_kernel<Elem>, dim3(static_cast<unsigned>(rows)),
-                         kCombineWarps * 32, 0, stream, p);
+  const int64_t working_rows = static_cast<int64_t>(p.total_q) * p.num_heads;
+  const auto kernel = working_rows <= wide_combine_wave<Elem>()
+                          ? combine_kernel<Elem, kCombineBatchWide>
+                          : combine_kernel<Elem, kCombineBatchNarrow>;
+  launch_maybe_dependent(kernel, dim3(static_cast<unsigned>(rows)), kCombineWarps * 32, 0, stream,
+                         p);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ _FRAME = re.compile(
 )
 _USED = re.compile(r"Used (?P<regs>\d+) registers(?P<rest>.*)")
 _SMEM = re.compile(r"(?P<smem>\d+) bytes smem")
+_INT_ARG = re.compile(r"L[ij](\d+)E")  # an int template argument, e.g. Li9E
 
 
 @dataclass
@@ -104,14 +105,15 @@ def config_constants() -> dict[str, int]:
 
 
 def short_name(mangled: str) -> str:
-    """'..attention_kernelI13__nv_bfloat16..' -> 'attention_kernel<bf16>'."""
+    """'..attention_kernelI13__nv_bfloat16..' -> 'attention_kernel<bf16>'; integer template
+    arguments follow the type, so the combine's two batch sizes stay apart:
+    '..combine_kernelI6__halfLi9EE..' -> 'combine_kernel<fp16,9>'."""
     for name in ("plan_kernel", "attention_kernel", "combine_kernel"):
         if name in mangled:
-            if "bfloat16" in mangled:
-                return f"{name}<bf16>"
-            if "half" in mangled:
-                return f"{name}<fp16>"
-            return name
+            args = mangled[mangled.index(name) + len(name) :]
+            params = ["bf16"] if "bfloat16" in args else ["fp16"] if "half" in args else []
+            params += _INT_ARG.findall(args)
+            return f"{name}<{','.join(params)}>" if params else name
     return mangled
 
 

@@ -21,8 +21,11 @@ KERNELS = {
     "plan_kernel",
     "attention_kernel<bf16>",
     "attention_kernel<fp16>",
-    "combine_kernel<bf16>",
-    "combine_kernel<fp16>",
+    # the combine in both batch sizes (kCombineBatchNarrow, kCombineBatchWide); the host picks one
+    "combine_kernel<bf16,4>",
+    "combine_kernel<fp16,4>",
+    "combine_kernel<bf16,9>",
+    "combine_kernel<fp16,9>",
 }
 
 
@@ -78,6 +81,19 @@ def test_checker_flags_spills_stack_and_oversized_smem() -> None:
     found = " ".join(_ptxas.problems(reports))
     for needle in ("spills", "stack frame", "registers", "shared memory"):
         assert needle in found
+
+
+def test_short_names_keep_template_arguments_apart() -> None:
+    """Two instantiations of one kernel get two names, so each is checked and summarized."""
+    prefix = "_ZN6kdtree49_GLOBAL__N__9fca35cc_16_verify_kernel_cu_26b57768"
+    names = [
+        ("14combine_kernelI13__nv_bfloat16Li4EEEvNS_12VerifyParamsE", "combine_kernel<bf16,4>"),
+        ("14combine_kernelI6__halfLi9EEEvNS_12VerifyParamsE", "combine_kernel<fp16,9>"),
+        ("16attention_kernelI13__nv_bfloat16EEvNS_12VerifyParamsE", "attention_kernel<bf16>"),
+        ("11plan_kernelENS_12VerifyParamsE", "plan_kernel"),
+    ]
+    for mangled, short in names:
+        assert _ptxas.short_name(prefix + mangled) == short, mangled
 
 
 def test_arch_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
