@@ -59,8 +59,8 @@ bool is_index_64(const torch::Tensor& t, const char* name) {
 
 void plan(const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr,
           const std::optional<torch::Tensor>& mask_indptr, const torch::Tensor& workspace,
-          const std::vector<int64_t>& offsets, int64_t batch, int64_t num_heads, int64_t slots, int64_t max_splits,
-          int64_t target_ctas) {
+          const std::vector<int64_t>& offsets, int64_t batch, int64_t num_heads, int64_t slots,
+          int64_t max_splits, int64_t target_ctas) {
   const c10::cuda::CUDAGuard guard(workspace.device());
   kdtree::VerifyParams p{};
   TORCH_CHECK(qo_indptr.numel() == batch + 1 && kv_indptr.numel() == batch + 1,
@@ -96,7 +96,8 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
             const torch::Tensor& k_buf, const torch::Tensor& v_buf,
             const torch::Tensor& kv_indices, const std::optional<torch::Tensor>& mask,
             torch::Tensor& out, torch::Tensor& lse, const torch::Tensor& workspace,
-            const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots, int64_t max_splits) {
+            const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots,
+            int64_t max_splits) {
   const c10::cuda::CUDAGuard guard(q.device());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");

@@ -539,9 +539,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-    for (int nt = 0; nt < kVTiles; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
+    for (int nt = 0; nt < kVTiles; ++nt)
+      o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
   float m_run[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // log2 domain, scaled scores
-  float l_run[2] = {0.f, 0.f};                                     // piece rows, this thread's share
+  float l_run[2] = {0.f, 0.f};  // piece rows, this thread's share
   const float scale = p.scale_log2;  // > 0 (validated), so max(s) * scale = max(s * scale)
 
   for (int it = 0; it < n_tiles; ++it) {

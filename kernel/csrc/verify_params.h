@@ -36,7 +36,8 @@ struct VerifyParams {
   // Inputs (bf16 or fp16; the kernel is templated on the element type).
   const void* q;
   int64_t q_stride_tok, q_stride_head;
-  bool q_rows_16b;  // every Q row starts 16-byte aligned (copied to shared memory in 16-byte pieces)
+  // Every Q row starts 16-byte aligned (copied to shared memory in 16-byte pieces).
+  bool q_rows_16b;
   const void* k_ext;
   int64_t k_ext_stride;
   const void* v_ext;
