@@ -14,8 +14,8 @@
 //   combine_kernel    log-sum-exp merge of the splits' normalized partials (requests with one
 //                     split are written directly by the attention kernel and skipped here). Two
 //                     instantiations: the host takes the wide batch (a row's <= 72 splits in one
-//                     round of loads, one CTA per SM) when the grid fits one wave of it, else the
-//                     narrow one (32 splits per round, two CTAs per SM).
+//                     round of loads, one CTA per SM) when the call's rows fit one wave of it,
+//                     else the narrow one (32 splits per round, two CTAs per SM).
 // On sm_90 and up (sm_120 included) attention and combine are programmatic dependent launches:
 // each may start while its predecessor drains and waits for it before reading its output.
 //
