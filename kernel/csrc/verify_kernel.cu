@@ -913,18 +913,26 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   }
 }
 
-// Programmatic dependent launch needs compute capability 9.0 (cached per device).
-bool device_supports_pdl() {
-  constexpr int kMaxDevices = 64;
-  static int8_t cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+// A per-device fact, queried once per device by `query(dev)` (a value >= 0) and then read from
+// `cache` (0 = not yet queried, else 1 + the value). Device queries are not stream operations, so
+// this is also fine during CUDA-graph capture. -1 when the current device cannot be determined.
+constexpr int kMaxDevices = 64;
+template <typename Query>
+int64_t cached_per_device(int64_t (&cache)[kMaxDevices], Query query) {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  if (cached[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cached[dev] = major >= 9 ? 2 : 1;
-  }
-  return cached[dev] == 2;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return -1;
+  if (cache[dev] == 0) cache[dev] = 1 + query(dev);
+  return cache[dev] - 1;
+}
+
+// Programmatic dependent launch needs compute capability 9.0.
+bool device_supports_pdl() {
+  static int64_t cache[kMaxDevices] = {};
+  return cached_per_device(cache, [](int dev) -> int64_t {
+           int major = 0;
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+           return major >= 9 ? 1 : 0;
+         }) == 1;
 }
 
 // Launch `kernel` so that it may start while the previous kernel on `stream` is finishing (it
@@ -964,23 +972,19 @@ void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
                          kSmemBytes, stream, p);
 }
 
-// How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), cached per
-// device and dtype like device_supports_pdl(): neither query is a stream operation, so this is
-// also fine during CUDA-graph capture, and later calls cost a table lookup.
+// How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), per device
+// and dtype; later calls cost a table lookup. 0 where the device cannot be determined.
 template <typename Elem>
 int64_t wide_combine_wave() {
-  constexpr int kMaxDevices = 64;
-  static int64_t cached[kMaxDevices] = {};  // 0 unknown, else 1 + the CTAs of one wave
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
-  if (cached[dev] == 0) {
+  static int64_t cache[kMaxDevices] = {};
+  const int64_t wave = cached_per_device(cache, [](int dev) -> int64_t {
     int sms = 0, per_sm = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &per_sm, combine_kernel<Elem, kCombineBatchWide>, kCombineWarps * 32, 0);
-    cached[dev] = 1 + static_cast<int64_t>(sms > 0 ? sms : 0) * (per_sm > 0 ? per_sm : 0);
-  }
-  return cached[dev] - 1;
+    return static_cast<int64_t>(sms > 0 ? sms : 0) * (per_sm > 0 ? per_sm : 0);
+  });
+  return wave > 0 ? wave : 0;
 }
 
 template <typename Elem>
