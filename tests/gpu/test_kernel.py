@@ -13,6 +13,9 @@ must agree to 2e-3 absolute (ex2.approx and a different summation order).
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,6 +297,17 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
         assert torch.equal(static["lse"], eager_lse), f"replay {i}: graph lse != eager"
         ref_out, _ = verify_attention_reference(*case.args(), return_lse=True)
         assert_close_bf16(static["out"], ref_out, f"replay {i} vs reference")
+
+
+def test_kernels_first_launched_inside_capture_replay_to_eager() -> None:
+    """No eager warm-up: the kernels load, and the combine's occupancy query runs, in capture."""
+    script = Path(__file__).with_name("capture_cold_start.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    assert done.stdout.splitlines()[-1] == "ok", report
 
 
 @pytest.mark.parametrize("splits", ["planned", "one"])
