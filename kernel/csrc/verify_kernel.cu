@@ -1004,6 +1004,19 @@ void launch_combine_t(const VerifyParams& p, cudaStream_t stream) {
                          p);
 }
 
+// The kernels' element type for `dtype`: calls f(ElemTag<Elem>{}), and ElemOf<decltype(tag)>
+// names the type inside f, so each entry point below states its work once for both types.
+template <typename Elem>
+struct ElemTag {
+  using type = Elem;
+};
+template <typename Tag>
+using ElemOf = typename Tag::type;
+template <typename F>
+auto with_elem(DType dtype, F&& f) {
+  return dtype == DType::kBF16 ? f(ElemTag<__nv_bfloat16>{}) : f(ElemTag<__half>{});
+}
+
 }  // namespace
 
 void launch_plan(const VerifyParams& p, cudaStream_t stream) {
@@ -1011,32 +1024,23 @@ void launch_plan(const VerifyParams& p, cudaStream_t stream) {
 }
 
 void launch_attention(const VerifyParams& p, DType dtype, cudaStream_t stream) {
-  if (dtype == DType::kBF16)
-    launch_attention_t<__nv_bfloat16>(p, stream);
-  else
-    launch_attention_t<__half>(p, stream);
+  with_elem(dtype, [&](auto elem) { launch_attention_t<ElemOf<decltype(elem)>>(p, stream); });
 }
 
 void launch_combine(const VerifyParams& p, DType dtype, cudaStream_t stream) {
   if (p.max_splits <= 1) return;  // every request is written directly by the attention kernel
-  if (dtype == DType::kBF16)
-    launch_combine_t<__nv_bfloat16>(p, stream);
-  else
-    launch_combine_t<__half>(p, stream);
+  with_elem(dtype, [&](auto elem) { launch_combine_t<ElemOf<decltype(elem)>>(p, stream); });
 }
 
 int attention_ctas_per_sm(DType dtype) {
-  int n = 0;
-  if (dtype == DType::kBF16) {
-    prepare_attention_kernel<__nv_bfloat16>();
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<__nv_bfloat16>, kThreads,
+  return with_elem(dtype, [](auto elem) {
+    using Elem = ElemOf<decltype(elem)>;
+    prepare_attention_kernel<Elem>();
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<Elem>, kThreads,
                                                   kSmemBytes);
-  } else {
-    prepare_attention_kernel<__half>();
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<__half>, kThreads,
-                                                  kSmemBytes);
-  }
-  return n > 0 ? n : 1;
+    return n > 0 ? n : 1;
+  });
 }
 
 }  // namespace kdtree
