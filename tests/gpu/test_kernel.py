@@ -185,6 +185,32 @@ def test_input_variants(variant: str) -> None:
     assert_lse_close(lse, ref_lse, variant)
 
 
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "index_dtype"),
+    [
+        ((200_000,), 16, 16, torch.int64),
+        ((200_000, 0, 65), 64, 16, torch.int32),
+        ((204_800,), 8, 128, torch.int64),
+        ((5000, 1, 0), 128, 8, torch.int64),
+        ((70_000,), 100, 32, torch.int64),
+    ],
+    ids=["200k", "200k-ragged-T64", "200k-H128", "T128-ragged", "T100-70k"],
+)
+def test_beyond_the_sweep(prefix_lens, num_draft, num_heads, index_dtype) -> None:
+    """Prefixes up to 200k (SGLang's range; the sweep stops at 128k) and T over 64 (a bonus in
+    the issue). Splits (plan.split_chunk): 16 of 12,512 tokens at 200k; 2 of 100,032 tokens at
+    200k with T=64 (the cap allows 3, one wave takes 2); 4 of 51,232 at H=128."""
+    case = make_case(
+        prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda",
+        seed=sum(prefix_lens) + num_draft, index_dtype=index_dtype,
+    )  # fmt: skip
+    out, lse = run_case(case)
+    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
+    what = f"prefixes {prefix_lens} T={num_draft} H={num_heads}"
+    assert_close_bf16(out, ref_out, what)
+    assert_lse_close(lse, ref_lse, what)
+
+
 def test_refuses_fp32_and_fp8_with_clear_errors() -> None:
     case = make_case((10,), 2, 8, dtype=torch.float32, device="cuda")
     with pytest.raises(VerifyInputError, match="bfloat16 and float16"):
