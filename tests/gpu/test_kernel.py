@@ -74,6 +74,13 @@ def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert float(diff.max()) <= 2e-3, f"{what}: lse differs by {float(diff.max()):.3g}"
 
 
+def assert_matches_reference(out: torch.Tensor, lse: torch.Tensor, args: tuple, what: str) -> None:
+    """The op's output and LSE for ``args`` against the float32 reference (module docstring)."""
+    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
+    assert_close_bf16(out, ref_out, what)
+    assert_lse_close(lse, ref_lse, what)
+
+
 def run_case(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = verify_attention(*case.args(), return_lse=True)
     torch.cuda.synchronize()
@@ -94,11 +101,8 @@ def test_sweep_against_reference(prefix_lens, num_draft, num_heads, mask) -> Non
         prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
         seed=sum(prefix_lens) + num_draft,
     )  # fmt: skip
-    out, lse = run_case(case)
-    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     what = f"B={len(prefix_lens)} prefix={prefix_lens[0]} T={num_draft} H={num_heads} {mask}"
-    assert_close_bf16(out, ref_out, what)
-    assert_lse_close(lse, ref_lse, what)
+    assert_matches_reference(*run_case(case), case.args(), what)
 
 
 def _sglang_extend():
@@ -179,10 +183,7 @@ def test_input_variants(variant: str) -> None:
         padded[..., :576] = case.q
         case.q = padded[..., :576]
         assert not case.q.is_contiguous()
-    out, lse = run_case(case)
-    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
-    assert_close_bf16(out, ref_out, variant)
-    assert_lse_close(lse, ref_lse, variant)
+    assert_matches_reference(*run_case(case), case.args(), variant)
 
 
 @pytest.mark.parametrize(
@@ -204,11 +205,8 @@ def test_beyond_the_sweep(prefix_lens, num_draft, num_heads, index_dtype) -> Non
         prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda",
         seed=sum(prefix_lens) + num_draft, index_dtype=index_dtype,
     )  # fmt: skip
-    out, lse = run_case(case)
-    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     what = f"prefixes {prefix_lens} T={num_draft} H={num_heads}"
-    assert_close_bf16(out, ref_out, what)
-    assert_lse_close(lse, ref_lse, what)
+    assert_matches_reference(*run_case(case), case.args(), what)
 
 
 def test_refuses_fp32_and_fp8_with_clear_errors() -> None:
@@ -386,9 +384,7 @@ def test_ragged_draft_counts() -> None:
     args = (q, k_ext, k_ext[..., :512], pool, pool[..., :512], qo, kv, kv_indices, None, None,
             base.sm_scale)  # fmt: skip
     out, lse = verify_attention(*args, return_lse=True)
-    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
-    assert_close_bf16(out, ref_out, "ragged draft counts")
-    assert_lse_close(lse, ref_lse, "ragged draft counts")
+    assert_matches_reference(out, lse, args, "ragged draft counts")
 
 
 @pytest.mark.parametrize(("num_draft", "num_heads"), [(2, 128), (1, 8)])
@@ -398,10 +394,7 @@ def test_batch_wider_than_the_plan_block(num_draft: int, num_heads: int) -> None
     prefixes = tuple((0, 1, 33, 70, 129)[i % 5] for i in range(600))
     case = make_case(prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16,
                      device="cuda", seed=5)  # fmt: skip
-    out, lse = run_case(case)
-    ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
-    assert_close_bf16(out, ref_out, f"B=600 T={num_draft} H={num_heads}")
-    assert_lse_close(lse, ref_lse, f"B=600 T={num_draft} H={num_heads}")
+    assert_matches_reference(*run_case(case), case.args(), f"B=600 T={num_draft} H={num_heads}")
 
 
 PLAN_BATCHES = {
