@@ -269,8 +269,13 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
             static["out"], static["lse"], plan=plan,
         )  # fmt: skip
 
-    first = make_case((100, 5000, 0, 33), num_draft, num_heads, dtype=torch.bfloat16,
-                      device="cuda", seed=1, sm_scale=0.1352)  # fmt: skip
+    def captured_shape_case(
+        prefix_lens: tuple[int, ...], seed: int, mask: str = "tree"
+    ) -> VerifyCase:
+        return make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
+                         device="cuda", seed=seed, sm_scale=0.1352)  # fmt: skip
+
+    first = captured_shape_case((100, 5000, 0, 33), seed=1)
     _load_case(static, first)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -282,34 +287,9 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
         step()
     replays = [
         first,
-        make_case(
-            (4999, 1, 64, 2048),
-            num_draft,
-            num_heads,
-            dtype=torch.bfloat16,
-            device="cuda",
-            seed=2,
-            sm_scale=0.1352,
-        ),
-        make_case(
-            (0, 0, 0, 0),
-            num_draft,
-            num_heads,
-            dtype=torch.bfloat16,
-            device="cuda",
-            seed=3,
-            sm_scale=0.1352,
-        ),
-        make_case(
-            (3000, 3000, 3000, 3000),
-            num_draft,
-            num_heads,
-            mask="chain",
-            dtype=torch.bfloat16,
-            device="cuda",
-            seed=4,
-            sm_scale=0.1352,
-        ),
+        captured_shape_case((4999, 1, 64, 2048), seed=2),
+        captured_shape_case((0, 0, 0, 0), seed=3),
+        captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain"),
     ]
     for i, case in enumerate(replays):
         _load_case(static, case)
