@@ -303,15 +303,26 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
         assert_close_bf16(static["out"], ref_out, f"replay {i} vs reference")
 
 
-def test_kernels_first_launched_inside_capture_replay_to_eager() -> None:
-    """No eager warm-up: the kernels load, and the combine's occupancy query runs, in capture."""
-    script = Path(__file__).with_name("capture_cold_start.py")
+def assert_script_passes(name: str) -> None:
+    """Run tests/gpu/``name`` in a fresh Python process: exit status 0 and ``ok`` last."""
+    script = Path(__file__).with_name(name)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
     )
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
     assert done.stdout.splitlines()[-1] == "ok", report
+
+
+def test_kernels_first_launched_inside_capture_replay_to_eager() -> None:
+    """No eager warm-up: the kernels load, and the combine's occupancy query runs, in capture."""
+    assert_script_passes("capture_cold_start.py")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_second_device_in_one_process() -> None:
+    """cuda:0, then cuda:1 with cuda:0 current: per-device kernel setup on each device."""
+    assert_script_passes("two_devices.py")
 
 
 @pytest.mark.parametrize("splits", ["planned", "one"])
