@@ -955,14 +955,15 @@ void launch_maybe_dependent(void (*kernel)(VerifyParams), dim3 grid, int threads
 
 template <typename Elem>
 void prepare_attention_kernel() {
-  // Opt in to > 48 KB dynamic shared memory once per instantiation (not a stream operation, so
-  // this is also fine during CUDA-graph capture).
-  static const bool done = [] {
+  // Opt in to > 48 KB dynamic shared memory once per instantiation and device: the attribute
+  // belongs to the kernel as loaded on the current device, so a process that uses a second GPU
+  // must set it there too (tests/gpu/two_devices.py).
+  static int64_t cache[kMaxDevices] = {};
+  cached_per_device(cache, [](int) -> int64_t {
     cudaFuncSetAttribute(attention_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kSmemBytes);
-    return true;
-  }();
-  (void)done;
+    return 1;
+  });
 }
 
 template <typename Elem>

@@ -201,11 +201,12 @@ class VerifyPlan:
 
 
 def default_target_ctas(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> int:
-    """One wave: SMs x attention CTAs resident per SM."""
+    """One wave: SMs x attention CTAs resident per SM (the occupancy query runs on ``device``)."""
     from ._build import load
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms * int(load().ctas_per_sm(dtype == torch.bfloat16))
+    with torch.cuda.device(device):
+        return sms * int(load().ctas_per_sm(dtype == torch.bfloat16))
 
 
 def make_plan(
