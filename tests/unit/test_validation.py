@@ -111,3 +111,21 @@ def test_kv_indices_may_be_a_longer_buffer_than_the_batch_uses():
     torch.testing.assert_close(
         verify_attention_reference(**args), verify_attention_reference(*case.args())
     )
+
+
+def test_cuda_path_refuses_strided_indices_and_outputs_elsewhere_by_name():
+    """The CUDA path's own layout rule (kdtree_verify.cuda.check_kernel_layout), on CPU tensors:
+    the kernel reads index and mask tensors by position, and writes out and lse on q's device."""
+    from kdtree_verify.cuda import check_kernel_layout
+
+    _, case = _args()
+    out = torch.empty(9, 2, 512)
+    lse = torch.empty(9, 2)
+    strided = torch.arange(20)[::2]
+    check_kernel_layout(case.q, {"kv_indices": case.kv_indices}, {"out": out, "lse": lse})
+    with pytest.raises(VerifyInputError, match=r"kv_indices: the CUDA kernel reads it by position"):
+        check_kernel_layout(case.q, {"kv_indices": strided}, {"out": out})
+    with pytest.raises(VerifyInputError, match=r"custom_mask: .* strides \(2,\)"):
+        check_kernel_layout(case.q, {"custom_mask": torch.zeros(20, dtype=torch.uint8)[::2]}, {})
+    with pytest.raises(VerifyInputError, match=re.escape("lse: is on meta but q is on cpu")):
+        check_kernel_layout(case.q, {}, {"out": out, "lse": lse.to("meta")})
