@@ -224,6 +224,24 @@ def test_refuses_fp32_and_fp8_with_clear_errors() -> None:
         )  # fmt: skip
 
 
+def test_cuda_path_refuses_layouts_it_would_misread() -> None:
+    """Strided index tensors and outputs on another device: a VerifyInputError naming the tensor
+    (which the SGLang backend answers with a fallback), not the extension's RuntimeError."""
+    case = make_case((300, 7), 4, 8, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(8, 8, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(8, 8, dtype=torch.float32, device="cuda")
+    args = list(case.args())
+    spaced = torch.zeros(2 * case.kv_indices.numel(), dtype=case.kv_indices.dtype, device="cuda")
+    spaced[::2] = case.kv_indices
+    args[7] = spaced[::2]  # kv_indices, the same values with stride 2
+    with pytest.raises(VerifyInputError, match="kv_indices: the CUDA kernel reads it by position"):
+        verify_attention_cuda(*args, False, out, lse)
+    with pytest.raises(VerifyInputError, match="out: is on cpu but q is on cuda"):
+        verify_attention_cuda(*case.args(), False, out.cpu(), lse)
+    verify_attention_cuda(*case.args(), False, out, lse)  # the same call, laid out as required
+    assert_matches_reference(out, lse, case.args(), "after the refusals")
+
+
 def _static_inputs(batch: int, num_draft: int, num_heads: int, max_prefix: int):
     """Static buffers sized for the captured maxima, as SGLang's graph runner keeps them."""
     total = batch * num_draft
