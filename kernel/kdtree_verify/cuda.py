@@ -20,7 +20,10 @@ _plan_cache: dict[tuple, VerifyPlan] = {}
 
 
 def _cached_plan(q: torch.Tensor, batch_size: int) -> VerifyPlan:
-    key = (q.device, q.dtype, batch_size, q.shape[1], q.shape[0])
+    # Per stream as well: calls on one stream run in order, so they can share a workspace; calls
+    # of the same shape on two streams may run at once, so they must not.
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    key = (q.device, stream, q.dtype, batch_size, q.shape[1], q.shape[0])
     plan = _plan_cache.get(key)
     if plan is None:
         plan = make_plan(batch_size, q.shape[1], q.shape[0], q.device, dtype=q.dtype)
