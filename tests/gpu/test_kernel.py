@@ -242,6 +242,29 @@ def test_cuda_path_refuses_layouts_it_would_misread() -> None:
     assert_matches_reference(out, lse, case.args(), "after the refusals")
 
 
+def test_plan_less_calls_on_two_streams_get_their_own_workspace() -> None:
+    """Without a plan the op caches one per shape; two streams may run such calls at once, so each
+    stream gets its own workspace (one shared workspace would be a race between them)."""
+    from kdtree_verify import cuda as cuda_op
+
+    cases = [make_case((3000, 40), 8, 16, dtype=torch.bfloat16, device="cuda", seed=s)
+             for s in (1, 2)]  # fmt: skip
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = []
+    for case, stream in zip(cases, streams, strict=True):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            results.append(verify_attention(*case.args(), return_lse=True))
+    torch.cuda.synchronize()
+    handles = {stream.cuda_stream for stream in streams}
+    workspaces = {
+        plan.workspace.data_ptr() for key, plan in cuda_op._plan_cache.items() if key[1] in handles
+    }
+    assert len(workspaces) == 2
+    for i, (case, (out, lse)) in enumerate(zip(cases, results, strict=True)):
+        assert_matches_reference(out, lse, case.args(), f"stream {i}")
+
+
 def _static_inputs(batch: int, num_draft: int, num_heads: int, max_prefix: int):
     """Static buffers sized for the captured maxima, as SGLang's graph runner keeps them."""
     total = batch * num_draft
