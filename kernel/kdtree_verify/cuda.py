@@ -1,9 +1,10 @@
 """CUDA implementation of ``kdtree::verify_attention`` (the kernel in kernel/csrc/).
 
 ``verify_attention_cuda`` is what the op's CUDA kernel registration calls. Without a ``plan`` it
-plans on every call (one tiny extra kernel) using a workspace cached per static shape and stream; SGLang's
-backend makes one ``VerifyPlan`` per forward (``make_plan`` + ``VerifyPlan.update``) and passes it
-to every layer, which keeps the call free of allocation and host work under CUDA-graph capture.
+plans on every call (one tiny extra kernel) using a workspace cached per static shape and stream;
+SGLang's backend makes one ``VerifyPlan`` per forward (``make_plan`` + ``VerifyPlan.update``) and
+passes it to every layer, which keeps the call free of allocation and host work under CUDA-graph
+capture.
 """
 
 from __future__ import annotations
