@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 
 from .op import deepseek_v3_sm_scale
+from .reference import verify_attention_reference
 from .validation import QK_DIM, V_DIM
 
 MaskKind = Literal["tree", "chain", "causal"]
@@ -219,3 +220,34 @@ def boost_prefix_keys(case: VerifyCase, boosts: dict[int, float]) -> VerifyCase:
         slot = int(case.kv_indices[j])
         case.k_buffer[slot, 0] = (strength * direction).to(case.k_buffer.dtype)
     return case
+
+
+def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor, what: str, factor: float = 1.0) -> None:
+    """``out`` within the bf16 bound of the float32 ``ref``, elementwise: 2^-7 relative (two bf16
+    roundings: P before the P V MMA, and the output) plus 2^-8 x max|ref| for entries near zero,
+    which are sums of terms of the size of max|ref| (tests/gpu/test_kernel.py says more)."""
+    out, ref = out.float(), ref.float()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    scale = float(ref.abs().max())
+    bound = factor * (2**-7 * ref.abs() + 2**-8 * scale)
+    excess = (out - ref).abs() - bound
+    worst = float(excess.max())
+    assert worst <= 0, (
+        f"{what}: max |out - ref| exceeds the bf16 bound by {worst:.3g} "
+        f"(max|ref| = {scale:.3g}, max err = {float((out - ref).abs().max()):.3g})"
+    )
+
+
+def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """The float32 LSE within 2e-3 absolute (ex2.approx and another summation order); equal
+    infinities (rows that see nothing) agree."""
+    both_inf = torch.isinf(lse) & torch.isinf(ref) & (lse == ref)
+    diff = torch.where(both_inf, torch.zeros_like(lse), (lse - ref).abs())
+    assert float(diff.max()) <= 2e-3, f"{what}: lse differs by {float(diff.max()):.3g}"
+
+
+def assert_matches_reference(out: torch.Tensor, lse: torch.Tensor, args: tuple, what: str) -> None:
+    """The op's output and LSE for ``args`` against the float32 reference (the two bounds above)."""
+    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
+    assert_close_bf16(out, ref_out, what)
+    assert_lse_close(lse, ref_lse, what)

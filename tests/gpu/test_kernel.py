@@ -23,7 +23,14 @@ import torch
 from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan, split_chunk
-from kdtree_verify.testing import VerifyCase, boost_prefix_keys, make_case
+from kdtree_verify.testing import (
+    VerifyCase,
+    assert_close_bf16,
+    assert_lse_close,
+    assert_matches_reference,
+    boost_prefix_keys,
+    make_case,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -53,32 +60,6 @@ def _sweep() -> list[tuple[tuple[int, ...], int, int, str]]:
 
 
 SWEEP = _sweep()
-
-
-def assert_close_bf16(out: torch.Tensor, ref: torch.Tensor, what: str, factor: float = 1.0) -> None:
-    out, ref = out.float(), ref.float()
-    assert torch.isfinite(out).all(), f"{what}: non-finite output"
-    scale = float(ref.abs().max())
-    bound = factor * (2**-7 * ref.abs() + 2**-8 * scale)
-    excess = (out - ref).abs() - bound
-    worst = float(excess.max())
-    assert worst <= 0, (
-        f"{what}: max |out - ref| exceeds the bf16 bound by {worst:.3g} "
-        f"(max|ref| = {scale:.3g}, max err = {float((out - ref).abs().max()):.3g})"
-    )
-
-
-def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    both_inf = torch.isinf(lse) & torch.isinf(ref) & (lse == ref)
-    diff = torch.where(both_inf, torch.zeros_like(lse), (lse - ref).abs())
-    assert float(diff.max()) <= 2e-3, f"{what}: lse differs by {float(diff.max()):.3g}"
-
-
-def assert_matches_reference(out: torch.Tensor, lse: torch.Tensor, args: tuple, what: str) -> None:
-    """The op's output and LSE for ``args`` against the float32 reference (module docstring)."""
-    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
-    assert_close_bf16(out, ref_out, what)
-    assert_lse_close(lse, ref_lse, what)
 
 
 def run_case(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor]:
