@@ -53,7 +53,7 @@ def check_kernel_layout(
 ) -> None:
     """Refuse, by name and before any kernel runs, what the extension would only stop with a
     RuntimeError or misread: ``indices`` (index and mask tensors, read by position) must be
-    contiguous, and ``outputs`` (out, lse) must be on q's device. The op's front door checks the
+    contiguous, and ``outputs`` (out, lse, a plan's workspace) must be on q's device. The op's front door checks the
     inputs' devices and shapes; the CPU op accepts strided indices, so this is the CUDA path's."""
     for name, t in indices.items():
         if t is not None and not t.is_contiguous():
@@ -99,7 +99,10 @@ def verify_attention_cuda(
     indices = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices}
     if mask is not None:
         indices |= {"custom_mask": mask, "mask_indptr": mask_indptr}
-    check_kernel_layout(q, indices, {"out": out, "lse": lse})
+    outputs = {"out": out, "lse": lse}
+    if plan is not None:
+        outputs["plan.workspace"] = plan.workspace
+    check_kernel_layout(q, indices, outputs)
     if plan is None:
         plan = _cached_plan(q, batch_size)
         plan.update(qo_indptr, kv_indptr, mask_indptr if mask is not None else None)
@@ -107,10 +110,6 @@ def verify_attention_cuda(
         raise VerifyInputError(
             f"plan: made for batch {plan.batch_size}, {plan.num_heads} heads, "
             f"{plan.total_tokens} tokens; called with {batch_size}, {q.shape[1]}, {q.shape[0]}"
-        )
-    elif plan.workspace.device != q.device:
-        raise VerifyInputError(
-            f"plan: its workspace is on {plan.workspace.device}, q on {q.device}"
         )
     plan.check_workspace()
     load().attend(

@@ -129,3 +129,16 @@ def test_cuda_path_refuses_strided_indices_and_outputs_elsewhere_by_name():
         check_kernel_layout(case.q, {"custom_mask": torch.zeros(20, dtype=torch.uint8)[::2]}, {})
     with pytest.raises(VerifyInputError, match=re.escape("lse: is on meta but q is on cpu")):
         check_kernel_layout(case.q, {}, {"out": out, "lse": lse.to("meta")})
+
+
+def test_cuda_path_refuses_a_plan_made_for_another_device():
+    """verify_attention_cuda checks the layout before it plans or loads the extension."""
+    from kdtree_verify.cuda import verify_attention_cuda
+    from kdtree_verify.plan import make_plan
+
+    case = make_case([4, 0, 6], 3, 2, mask="tree", seed=0, dtype=torch.bfloat16)
+    plan = make_plan(3, 2, 9, "meta", target_ctas=132)
+    out = torch.empty(9, 2, 512, dtype=torch.bfloat16)
+    lse = torch.empty(9, 2)
+    with pytest.raises(VerifyInputError, match=re.escape("plan.workspace: is on meta")):
+        verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
