@@ -22,7 +22,7 @@ rc=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 -m kdtree_verify._build 2>&1 | tail -5 | tee "$OUT/build.log" || exit 1
 if [[ $what == all || $what == test ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/gpu -o addopts="" --durations=10 2>&1 | tee "$OUT/test.log"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu -o addopts="" -rs --durations=10 2>&1 | tee "$OUT/test.log"
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
 if [[ $what == all || $what == sanitize ]]; then
