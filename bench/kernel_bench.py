@@ -21,12 +21,14 @@ write back), ``clean`` (the flush reads the buffer instead: L2 full of clean, un
 ``warm`` (no flush: what the previous call left, e.g. the whole KV of a small shape).
 
 Usage: python bench/kernel_bench.py [--out bench/results/h200.json] [--quick] [--kdtree-only]
-                                   [--part K/N] [--l2 flushed|clean|warm]
+                                   [--part K/N] [--l2 flushed|clean|warm] [--target-ctas N]
        python bench/kernel_bench.py --merge part1.json part2.json ... --out bench/results/h200.json
 ``--part K/N`` runs every N-th grid shape starting at the K-th (the Triton baselines compile per
 shape, so the whole grid with baselines takes longer than one 10-minute GPU command);
 ``--merge`` joins the parts into one result (ceilings from the first part, records in grid order).
-``--kdtree-only`` skips the baselines (for tuning runs).
+``--kdtree-only`` skips the baselines (for tuning runs). ``--target-ctas N`` plans every shape
+for N CTAs instead of one wave of the device (a diagnostic of the split size: fewer CTAs give
+longer, fewer splits); each record states its ``target_ctas`` and ``split_tokens``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import mma_ceiling
 
 from kdtree_verify import deepseek_v3_sm_scale, verify_attention_reference
 from kdtree_verify.cuda import verify_attention_cuda
-from kdtree_verify.plan import make_plan
+from kdtree_verify.plan import make_plan, split_chunk
 from kdtree_verify.testing import random_tree_parents, tree_visibility
 
 QK, DV = 576, 512
@@ -82,6 +84,16 @@ def parse_part(text: str) -> tuple[int, int]:
     if not 1 <= k <= n:
         raise argparse.ArgumentTypeError(f"need 1 <= K <= N; got {text!r}")
     return k, n
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
+    return value
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -414,6 +426,12 @@ def main() -> int:
     parser.add_argument(
         "--l2", choices=list(L2_STATES), default="flushed", help="L2 state before each call"
     )
+    parser.add_argument(
+        "--target-ctas",
+        type=positive_int,
+        metavar="N",
+        help="plan for N CTAs instead of one wave of the device (a split-size diagnostic)",
+    )
     args = parser.parse_args()
     if args.merge:
         try:
@@ -458,7 +476,7 @@ def main() -> int:
         total_q = B * T
         out = torch.empty(total_q, H, DV, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(total_q, H, dtype=torch.float32, device="cuda")
-        plan = make_plan(B, H, total_q, "cuda")
+        plan = make_plan(B, H, total_q, "cuda", target_ctas=args.target_ctas)
 
         def plan_call(inp=inp, plan=plan):
             plan.update(inp["qo_indptr"], inp["kv_indptr"], inp["mask_indptr"])
@@ -481,6 +499,8 @@ def main() -> int:
             effective_TBps=round(nbytes / rec["kdtree_us"] / 1e6, 3),
             TFLOPs=round(flops / rec["kdtree_us"] / 1e6, 1),
             max_splits=plan.max_splits,
+            target_ctas=plan.target_ctas,
+            split_tokens=split_chunk([(T, P)] * B, H, plan.target_ctas, plan.max_splits),
         )
         rec["triton_extend_us"] = None
         rec["max_abs_diff_vs_extend"] = None

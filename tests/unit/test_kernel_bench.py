@@ -49,6 +49,13 @@ def test_shape_lists_parse_and_refuse_garbage() -> None:
             kernel_bench.parse_shapes(bad)
 
 
+def test_target_ctas_takes_positive_integers_only() -> None:
+    assert kernel_bench.positive_int("66") == 66
+    for bad in ("0", "-4", "1.5", "many"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            kernel_bench.positive_int(bad)
+
+
 def test_merge_orders_records_and_marks_a_covered_grid_complete(tmp_path: Path) -> None:
     grid = kernel_bench.grid_shapes()
     first = _part(tmp_path / "a.json", list(reversed(grid[:40])), complete=False)
