@@ -34,7 +34,8 @@ def load(lib: Path) -> ctypes.CDLL:
 
 
 def read_tbps(dll: ctypes.CDLL, buffer_bytes: int, blocks: int, threads: int = 256) -> float:
-    """TB/s of reading a buffer of ``buffer_bytes``; RuntimeError naming the CUDA error if it fails."""
+    """TB/s of reading a buffer of ``buffer_bytes``; a RuntimeError naming the CUDA error if it
+    fails."""
     passes = max(1, READ_BYTES // buffer_bytes)
     ms = dll.l2_read_ms(buffer_bytes, passes, blocks, threads)
     if ms <= 0:

@@ -97,11 +97,13 @@ def probe_shapes(ext, pool: Pool, timer: Timer, scale: float) -> None:
         )
         for name, k in (("entry", 0), ("meta", 1), ("tile0", 2), ("loop", 3), ("end", 4)):
             print(f"  attn {name:6s} min/med/max us {min_med_max([rel(x[k]) for x in a])}")
-        print(f"  attn meta-entry  {min_med_max([(x[1] - x[0]) / 1e3 for x in a])}")
-        print(f"  attn q-meta      {min_med_max([(x[6] - x[1]) / 1e3 for x in a])}")
-        print(f"  attn tile0-meta  {min_med_max([(x[2] - x[1]) / 1e3 for x in a])}")
-        print(f"  attn loop-tile0  {min_med_max([(x[3] - x[2]) / 1e3 for x in a])}")
-        print(f"  attn end-loop    {min_med_max([(x[4] - x[3]) / 1e3 for x in a])}")
+        # Per-CTA gaps between two stamps (columns of the attention record), in us.
+        for label, later, earlier in (
+            ("meta-entry", 1, 0), ("q-meta", 6, 1), ("tile0-meta", 2, 1),
+            ("loop-tile0", 3, 2), ("end-loop", 4, 3),
+        ):  # fmt: skip
+            gaps = [(x[later] - x[earlier]) / 1e3 for x in a]
+            print(f"  attn {label:11s} {min_med_max(gaps)}")
         for name, k in (("entry", 0), ("weights", 1), ("end", 2)):
             print(f"  comb {name:7s} min/med/max us {min_med_max([rel(x[k]) for x in cb])}")
         ends = [max([rel(x[2]) for x in c] + [rel(x[4]) for x in aa]) for aa, c, rel in rows]

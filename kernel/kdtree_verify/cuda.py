@@ -53,8 +53,9 @@ def check_kernel_layout(
 ) -> None:
     """Refuse, by name and before any kernel runs, what the extension would only stop with a
     RuntimeError or misread: ``indices`` (index and mask tensors, read by position) must be
-    contiguous, and ``outputs`` (out, lse, a plan's workspace) must be on q's device. The op's front door checks the
-    inputs' devices and shapes; the CPU op accepts strided indices, so this is the CUDA path's."""
+    contiguous, and ``outputs`` (out, lse, a plan's workspace) must be on q's device. The op's
+    front door checks the inputs' devices and shapes; the CPU op accepts strided indices, so this
+    is the CUDA path's."""
     for name, t in indices.items():
         if t is not None and not t.is_contiguous():
             raise VerifyInputError(
