@@ -39,7 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sglang_servers import ServerSpec, SGLangServer, start_all, stop_all
 
-MODES = ("off", "on")
+MODES = {
+    "off": {},
+    "on": {},
+    # on for target verify only: what serving EAGLE's draft extend through the kernel buys.
+    "on_draft_triton": {"KDTREE_DRAFT_EXTEND": "off"},
+}
 
 
 def parse_ints(text: str) -> list[int]:
@@ -118,10 +123,19 @@ def measure(
     }
 
 
-def speed_specs(model: Path, mem_fraction: float, extra: tuple[str, ...]) -> list[ServerSpec]:
+def speed_specs(
+    model: Path, modes: list[str], mem_fraction: float, extra: tuple[str, ...]
+) -> list[ServerSpec]:
     return [
-        ServerSpec(f"speed_{mode}", mode, model, mem_fraction=mem_fraction, extra=extra)
-        for mode in MODES
+        ServerSpec(
+            f"speed_{mode}",
+            mode.split("_")[0],
+            model,
+            mem_fraction=mem_fraction,
+            extra=extra,
+            env=MODES[mode],
+        )
+        for mode in modes
     ]
 
 
@@ -129,7 +143,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
-    specs = speed_specs(args.model, args.mem_fraction, tuple(args.server_arg))
+    specs = speed_specs(args.model, args.modes, args.mem_fraction, tuple(args.server_arg))
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     try:
@@ -140,7 +154,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 prompts = random_prompts(
                     batch, prompt_len, config["vocab_size"], prompt_len + batch
                 )
-                for mode in MODES:
+                for mode in args.modes:
                     server = servers[f"speed_{mode}"]
                     try:
                         record = measure(server, prompts, args.new_tokens, args.request_timeout)
@@ -148,7 +162,8 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                         record = {"batch": batch, "prompt_len": prompt_len, "error": str(error)}
                     record.update(
                         model=config.get("kdtree_model", {}).get("preset", args.model.name),
-                        mode=mode,
+                        mode=server.spec.mode,
+                        configuration=mode,
                         server=server.spec.describe(),
                         server_flags=server.spec.flags(server.port),
                         log=server.log_path.name,
@@ -189,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=parse_ints, default=[1, 8])
     parser.add_argument("--prompt-lens", type=parse_ints, default=[1024, 8192, 32768])
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--modes",
+        type=lambda text: [m for m in text.split(",") if m],
+        default=list(MODES),
+        help=f"comma-separated, from {', '.join(MODES)} (default: all)",
+    )
     parser.add_argument("--mem-fraction", type=float, default=0.3)
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
@@ -202,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not (args.model / "config.json").is_file():
         print(f"sglang_e2e: no config.json in {args.model}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown or not args.modes:
+        print(f"sglang_e2e: --modes: unknown {unknown}; choose from {list(MODES)}", file=sys.stderr)
         return 2
     run_speed(args)
     return 0

@@ -17,6 +17,10 @@ cd "$(dirname "$0")/.."
 site=/tmp/site
 say() { printf '[sglang_gpu %s] %s\n' "$(date +%T)" "$*"; }
 
+if [ -f .gpucache/caches.tgz ] && [ ! -d /tmp/triton-cache ]; then
+  say "restoring carried compile caches"
+  tar -C /tmp -xzf .gpucache/caches.tgz
+fi
 if [ ! -f "$site/sglang/launch_server.py" ]; then
   say "unpacking the SGLang payload"
   mkdir -p "$site" && tar xJf .sglsite/site.tar.xz -C "$site"
@@ -48,7 +52,11 @@ for phase in "$@"; do
     smoke)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
-        --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 2>&1 | tee "$OUT/smoke.log" ;;
+        --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
+# The compile caches, for a later command to carry (KDTREE_GPU_CACHES): Triton's, the kernel's.
+say "caches: $(du -sh /tmp/triton-cache /tmp/kdtree-build 2>/dev/null | tr '\n' ' ')"
+tar -C /tmp -czf "$OUT/caches.tgz" triton-cache kdtree-build 2>/dev/null || true
+ls -la "$OUT/caches.tgz" || true

@@ -183,41 +183,41 @@ def test_validate_serves_exactly_what_off_serves(pair, generations, record) -> N
     assert not differing, f"validate differs from off for {differing}"
 
 
-def _metrics(servers, name: str) -> dict:
-    running, _ = servers
-    return metric_values(running[name].get("/metrics"))
+def _forward_metrics(values: dict, prefix: str) -> dict:
+    """One served forward's figures (``prefix``: kdtree_verify or kdtree_draft_extend)."""
+    replays = metric_sum(values, f"{prefix}_graph_replays_total")
+    return {
+        "steps_eager": metric_sum(values, f"{prefix}_steps_total") - replays,
+        "steps_replay": replays,
+        "kernel_calls": metric_sum(values, f"{prefix}_kernel_calls_total"),
+        "fallbacks": {
+            labels["reason"]: v for labels, v in values.get(f"{prefix}_fallbacks_total", []) if v
+        },
+        "max_abs_error": {
+            labels["layer"]: v for labels, v in values.get(f"{prefix}_max_abs_error", [])
+        },
+        "over_tolerance": metric_sum(values, f"{prefix}_over_tolerance_total"),
+        "compared_elements": metric_sum(values, f"{prefix}_compared_elements_total"),
+    }
 
 
 @pytest.mark.parametrize("name", ["validate_tree", "validate_tree_eager", "validate_chain"])
-def test_validate_metrics(name, servers, generations, record) -> None:
+@pytest.mark.parametrize("prefix", ["kdtree_verify", "kdtree_draft_extend"])
+def test_validate_metrics(name, prefix, servers, generations, record) -> None:
     running, _ = servers
-    values = _metrics(servers, name)
-    steps_replay = metric_sum(values, "kdtree_verify_graph_replays_total")
-    steps_eager = metric_sum(values, "kdtree_verify_steps_total") - steps_replay
-    calls = metric_sum(values, "kdtree_verify_kernel_calls_total")
-    fallbacks = {
-        labels["reason"]: v for labels, v in values.get("kdtree_verify_fallbacks_total", []) if v
-    }
-    max_abs = {labels["layer"]: v for labels, v in values.get("kdtree_verify_max_abs_error", [])}
-    over = metric_sum(values, "kdtree_verify_over_tolerance_total")
-    compared = metric_sum(values, "kdtree_verify_compared_elements_total")
-    record.setdefault("validate_metrics", {})[name] = {
-        "steps_eager": steps_eager,
-        "steps_replay": steps_replay,
-        "kernel_calls": calls,
-        "fallbacks": fallbacks,
-        "max_abs_error": max_abs,
-        "over_tolerance": over,
-        "compared_elements": compared,
+    found = _forward_metrics(metric_values(running[name].get("/metrics")), prefix)
+    record.setdefault("validate_metrics", {}).setdefault(name, {})[prefix] = {
+        **found,
         "log": f"metrics_{name}.txt",
     }
-    assert steps_eager > 0, "no eager verify step was counted"
+    assert found["steps_eager"] > 0, "no eager step was counted"
     if running[name].spec.cuda_graphs:
-        assert steps_replay > 0, "no verify step was counted on a CUDA-graph replay"
-    assert calls > 0 and compared > 0
-    assert not fallbacks, f"fallbacks: {fallbacks}"
+        assert found["steps_replay"] > 0, "no step was counted on a CUDA-graph replay"
+    assert found["kernel_calls"] > 0 and found["compared_elements"] > 0
+    assert not found["fallbacks"], f"fallbacks: {found['fallbacks']}"
+    max_abs = found["max_abs_error"]
     assert max_abs and all(v <= VALIDATE_MAX_ABS for v in max_abs.values()), max_abs
-    assert over == 0
+    assert found["over_tolerance"] == 0
 
 
 def test_plugin_runs_in_the_scheduler_process(servers, record) -> None:

@@ -1,5 +1,6 @@
 """``KdtreeTritonAttnBackend``: SGLang's Triton attention backend with target verify on the kdtree
-kernel.
+kernel (and, in EAGLE's draft runner, the draft-extend forward: the same attention over the
+committed prefix plus the new tokens, with a causal mask instead of the tree).
 
 It overrides three methods of SGLang 0.5.23's ``TritonAttnBackend`` and nothing else:
 
@@ -7,8 +8,13 @@ It overrides three methods of SGLang 0.5.23's ``TritonAttnBackend`` and nothing 
   and, before every replay, outside the graph): after the parent fills its metadata, a verify
   forward is marshaled once for all layers (``marshal``), counted, the comparison window is
   published every KDTREE_VALIDATE_EVERY steps, and the shadow step is selected;
-- ``forward_extend``: on a target-verify forward and a layer the kernel supports, the mode
-  decides; every other call (prefill, draft extend, unsupported layers) is the parent's, untouched.
+- ``forward_extend``: on the forward this backend serves and a layer the kernel supports, the mode
+  decides; every other call (prefill, unsupported layers) is the parent's, untouched.
+
+Which forward a backend serves follows its model runner: the target runner's is target verify
+(``TARGET_VERIFY``); a draft runner's is EAGLE's draft extend (``DRAFT_EXTEND_V2``: each request's
+``num_draft_tokens`` new tokens over its committed prefix, in the verify layout with no mask),
+unless KDTREE_DRAFT_EXTEND=off keeps it stock. The draft's own decode steps stay on Triton.
 
 Modes (``modes``): ``off`` is the parent, bit for bit; ``validate`` runs the parent (which also
 saves the KV cache), then the kernel, records the difference on the device and returns the
@@ -85,9 +91,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Our state, set up after the parent's ``__init__``."""
         self.kdtree_settings = settings = settings or VerifySettings.from_env()
         self.kdtree_device = torch.device(self.device)
-        # A draft model's runner never runs target verify; keep it stock whatever the mode.
-        self.kdtree_active = settings.mode is not VerifyMode.OFF and not getattr(
-            model_runner, "is_draft_worker", False
+        is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+        self.kdtree_role = "draft_extend" if is_draft else "target_verify"
+        self.kdtree_active = settings.mode is not VerifyMode.OFF and (
+            settings.draft_extend or not is_draft
         )
         if self.kdtree_active:
             status = kernel_status(self.kdtree_device)
@@ -98,7 +105,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
                     "kernel only."
                 )
         self.kdtree_telemetry = VerifyTelemetry(
-            settings, tp_rank=getattr(model_runner, "tp_rank", 0), registry=registry
+            settings,
+            tp_rank=getattr(model_runner, "tp_rank", 0),
+            registry=registry,
+            role=self.kdtree_role,
         )
         pool = self.token_to_kv_pool
         compares = self.kdtree_active and settings.compares
@@ -129,23 +139,32 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
         # The pid shows which process built the backend: a scheduler, never the launcher.
+        if not is_draft:
+            served = "target"
+        else:
+            served = "draft runner, draft extend" if self.kdtree_active else "draft runner, stock"
         logger.info(
-            "kdtree verify backend (%s) in pid %d: %s",
-            "draft runner, stock" if getattr(model_runner, "is_draft_worker", False) else "target",
-            os.getpid(),
-            settings.describe(),
+            "kdtree verify backend (%s) in pid %d: %s", served, os.getpid(), settings.describe()
         )
+
+    def _kdtree_serves(self, forward_mode: Any) -> bool:
+        """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
+        if not self.kdtree_active:
+            return False
+        if self.kdtree_role == "draft_extend":
+            return forward_mode.is_draft_extend_v2()
+        return forward_mode.is_target_verify()
 
     # ---------------------------------------------------------------- per-forward metadata
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
-        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+        if self._kdtree_serves(forward_batch.forward_mode):
             self._kdtree_begin_forward(phase="eager", batch_size=None)
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+        if self._kdtree_serves(forward_batch.forward_mode):
             self._kdtree_begin_forward(
                 phase="capture" if in_capture else "replay",
                 batch_size=len(forward_batch.req_pool_indices),
@@ -246,6 +265,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Why the kernel cannot serve this layer call, or None if it can."""
         if k is None or v is None:
             return "no_draft_kv"
+        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        if inputs is not None and q.shape[0] != inputs.total_tokens:
+            # The plan is sized for N tokens per request; ragged extends are Triton's.
+            return "token_count"
         if sinks is not None:
             return "sinks"
         if score_mod is not None or aux is not None:
@@ -337,7 +360,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         score_mod: Any = None,
         aux_tensors: Any = None,
     ):
-        if not (self.kdtree_active and forward_batch.forward_mode.is_target_verify()):
+        if not self._kdtree_serves(forward_batch.forward_mode):
             return super().forward_extend(
                 q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors
             )

@@ -150,11 +150,19 @@ def make_verify_batch(
     mask: str = "tree",
     request_rows: Sequence[int] | None = None,
     seed: int = 1,
+    forward: str = "target_verify",
 ) -> VerifyBatch:
     """Place the requests' tokens on fragmented pool slots and build the verify forward batch.
 
     ``mask``: "tree" (random draft trees), "chain" or "causal" (``custom_mask=None``, DFlash).
+    ``forward``: "target_verify", or "draft_extend" for EAGLE's draft-extend forward
+    (``DRAFT_EXTEND_V2``: the same tokens as an extend batch, causal, as SGLang's EAGLE worker
+    builds it: extend lengths of ``num_draft`` over the committed prefixes).
     """
+    if forward not in ("target_verify", "draft_extend"):
+        raise ValueError(f"forward: target_verify or draft_extend, got {forward!r}")
+    if forward == "draft_extend":
+        mask = "causal"
     from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -188,7 +196,9 @@ def make_verify_batch(
     custom_mask = torch.cat(masks).to(device) if masks else None
 
     req_pool_indices = torch.tensor(rows, dtype=torch.int64, device=device)
-    seq_lens = torch.tensor(list(prefix_lens), dtype=torch.int64, device=device)
+    prefix_tensor = torch.tensor(list(prefix_lens), dtype=torch.int64, device=device)
+    # Target verify counts the committed prefix; a draft extend the length after its write.
+    seq_lens = prefix_tensor if forward == "target_verify" else prefix_tensor + num_draft
     plan = KVLocPlan(
         source=runner.kv_index_translator,
         req_pool_indices=req_pool_indices,
@@ -201,7 +211,7 @@ def make_verify_batch(
         batch_size=batch,
         req_pool_indices=req_pool_indices,
         seq_lens=seq_lens,
-        seq_lens_sum=int(sum(prefix_lens)),
+        seq_lens_sum=int(seq_lens.sum()),
         kv_loc_plan=plan,
         spec_info=SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=num_draft),
         out_cache_loc=out_cache_loc,
@@ -214,6 +224,15 @@ def make_verify_batch(
         extend_start_loc=None,
         extend_prefix_lens=None,
     )
+    if forward == "draft_extend":
+        extend_lens = torch.full((batch,), num_draft, dtype=torch.int64, device=device)
+        forward_batch.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+        forward_batch.extend_seq_lens = extend_lens
+        forward_batch.extend_seq_lens_cpu = [num_draft] * batch
+        forward_batch.extend_prefix_lens = prefix_tensor
+        forward_batch.extend_prefix_lens_cpu = list(prefix_lens)
+        forward_batch.extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
+        forward_batch.spec_info.extend_seq_lens_tensor = extend_lens  # read by graph metadata
     dtype = pool.dtype
     total = batch * num_draft
     qkv = {}
