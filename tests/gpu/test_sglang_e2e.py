@@ -87,7 +87,9 @@ def _specs(models: dict[int, Path]) -> list[ServerSpec]:
     tiny, other = models[0], models[1]
 
     def spec(name, mode, model=tiny, **kw) -> ServerSpec:
-        return ServerSpec(name, mode, model, radix_cache=False, mem_fraction=0.06, **kw)
+        # Publish the comparison every 10 steps, so a short run publishes several windows.
+        env = {"KDTREE_VALIDATE_EVERY": "10"}
+        return ServerSpec(name, mode, model, radix_cache=False, mem_fraction=0.06, env=env, **kw)
 
     return [
         spec("off_tree", "off"),
@@ -103,7 +105,7 @@ def _specs(models: dict[int, Path]) -> list[ServerSpec]:
 
 @pytest.fixture(scope="module")
 def servers(models, out_dir):
-    running, failed = start_all(_specs(models), out_dir, timeout_s=480)
+    running, failed = start_all(_specs(models), out_dir, timeout_s=420)
     yield running, failed
     for name, server in running.items():
         with contextlib.suppress(OSError):
