@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(MODES),
         help=f"comma-separated, from {', '.join(MODES)} (default: all)",
     )
-    parser.add_argument("--mem-fraction", type=float, default=0.3)
+    parser.add_argument("--mem-fraction", type=float, default=0.12)
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(

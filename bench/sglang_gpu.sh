@@ -43,18 +43,24 @@ for phase in "$@"; do
   case $phase in
     correctness)
       KDTREE_E2E_OUT=$OUT/correctness python3 -m pytest -q -rs -p no:cacheprovider \
-        tests/gpu/test_sglang_e2e.py 2>&1 | tee "$OUT/correctness.log" ;;
+        tests/gpu/test_sglang_e2e.py 2>&1 | tee "$OUT/correctness.log" || true
+      cp "$OUT/correctness/correctness.json" "$OUT/" || true ;;
     speed)
       python3 bench/models/make_model.py --preset rank --device cuda /tmp/models/rank
       # shellcheck disable=SC2086
       python3 bench/sglang_e2e.py --model /tmp/models/rank --out "$OUT/speed" ${SPEED_ARGS:-} \
-        2>&1 | tee "$OUT/speed.log" ;;
+        2>&1 | tee "$OUT/speed.log"
+      cp "$OUT/speed/speed.json" "$OUT/" ;;
     smoke)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
         --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
+  # At most 8 files come back from a device command: each phase's folder travels as one archive.
+  if [ -d "$OUT/$phase" ]; then
+    tar -C "$OUT" -cJf "$OUT/$phase.tar.xz" "$phase" && rm -rf "${OUT:?}/$phase"
+  fi
 done
 # The compile caches, for a later command to carry (KDTREE_GPU_CACHES): Triton's, the kernel's.
 say "caches: $(du -sh /tmp/triton-cache /tmp/kdtree-build 2>/dev/null | tr '\n' ' ')"

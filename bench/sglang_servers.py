@@ -169,26 +169,39 @@ class SGLangServer:
 
 
 def start_all(
-    specs: list[ServerSpec], log_dir: Path, timeout_s: float
+    specs: list[ServerSpec], log_dir: Path, timeout_s: float, retries: int = 1
 ) -> tuple[dict[str, SGLangServer], dict[str, str]]:
     """Start every server at once (they share the GPU), then wait for each.
 
-    Returns the healthy servers and, by name, why each other one failed (that one is stopped).
+    Servers that start together profile the GPU's free memory while the others allocate, and
+    SGLang refuses to start one whose share looks too small; so a server that fails is started
+    again (``retries`` times) once the first round has settled. Returns the healthy servers and,
+    by name, why each other one failed (that one is stopped).
     """
     servers = {spec.name: SGLangServer(spec, log_dir) for spec in specs}
     failed: dict[str, str] = {}
-    for name, server in list(servers.items()):
-        try:
-            took = server.wait_ready(timeout_s)
-            print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
-        except ServerFailed as error:
-            print(f"[e2e] {name} FAILED: {str(error)[:2000]}", flush=True)
-            failed[name] = str(error)
-            server.stop()
-            del servers[name]
-        except BaseException:
-            stop_all(servers)
-            raise
+    for attempt in range(retries + 1):
+        for name, server in list(servers.items()):
+            if server.ready_after_s is not None:
+                continue
+            try:
+                took = server.wait_ready(timeout_s)
+                print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
+                failed.pop(name, None)
+            except ServerFailed as error:
+                print(f"[e2e] {name} FAILED (try {attempt + 1}): {str(error)[-1500:]}", flush=True)
+                failed[name] = str(error)
+                server.stop()
+                if attempt < retries:
+                    server.log_path.rename(server.log_path.with_suffix(f".try{attempt + 1}.log"))
+                    servers[name] = SGLangServer(server.spec, log_dir)
+                else:
+                    del servers[name]
+            except BaseException:
+                stop_all(servers)
+                raise
+        if not failed:
+            break
     return servers, failed
 
 

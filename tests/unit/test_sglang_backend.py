@@ -461,3 +461,22 @@ def test_draft_extend_graph_capture_and_replay_match_stock():
     assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
     for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
         torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+
+
+def test_graph_replay_keys_on_batch_size_not_the_length_of_a_padded_buffer():
+    """SGLang's draft-extend graph runner replays with its whole req_pool_indices buffer (all
+    max_bs rows) and batch_size = the graph's batch: the plan of that graph must be refreshed."""
+    pair = GraphPair(
+        VerifySettings(mode=VerifyMode.ON), forward="draft_extend", is_draft_worker=True
+    )
+    captured = pair.capture()
+    pair.run_layers(*captured, pair.layers)  # the captured graph's layer calls
+    stock_batch, ours_batch = pair.batches([11, 6], seed=5)
+    for batch in (stock_batch, ours_batch):
+        rows = batch.forward_batch.req_pool_indices
+        batch.forward_batch.req_pool_indices = torch.cat([rows, rows.new_zeros(2)])
+    pair.stock.init_forward_metadata_out_graph(stock_batch.forward_batch)
+    pair.ours.init_forward_metadata_out_graph(ours_batch.forward_batch)
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)

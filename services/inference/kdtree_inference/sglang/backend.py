@@ -165,9 +165,11 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
         if self._kdtree_serves(forward_batch.forward_mode):
+            # The graph's batch size as the parent reads it: SGLang's draft-extend graph runner
+            # hands over its whole req_pool_indices buffer, longer than the batch.
             self._kdtree_begin_forward(
                 phase="capture" if in_capture else "replay",
-                batch_size=len(forward_batch.req_pool_indices),
+                batch_size=forward_batch.batch_size,
             )
 
     def _kdtree_begin_forward(self, phase: str, batch_size: int | None) -> None:
