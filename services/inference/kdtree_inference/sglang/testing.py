@@ -49,11 +49,13 @@ def make_model_runner(
     device: str = "cpu",
     is_draft_worker: bool = False,
     seed: int = 0,
+    kv_dtype: torch.dtype | None = None,
 ) -> Any:
     """SGLang's own test-kit MLA model runner (``MockMLAModelRunner``: a ``ModelRunner`` with a
     tiny MLA config and its server args published through ``override_server_args``), set up
     for target verify with ``num_draft`` tokens, with an MLA KV pool of ``num_layers`` layers
-    filled with random KV."""
+    filled with random KV (in ``kv_dtype``, default ``dtype``: float8_e4m3fn is SGLang's
+    ``--kv-cache-dtype fp8_e4m3``)."""
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
@@ -94,7 +96,7 @@ def make_model_runner(
     runner.token_to_kv_pool = MLATokenToKVPool(
         size=runner.token_to_kv_pool.size,
         page_size=1,
-        dtype=dtype,
+        dtype=kv_dtype or dtype,
         kv_lora_rank=V_DIM,
         qk_rope_head_dim=QK_DIM - V_DIM,
         layer_num=num_layers,
@@ -150,10 +152,12 @@ def make_verify_batch(
     mask: str = "tree",
     request_rows: Sequence[int] | None = None,
     seed: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> VerifyBatch:
     """Place the requests' tokens on fragmented pool slots and build the verify forward batch.
 
     ``mask``: "tree" (random draft trees), "chain" or "causal" (``custom_mask=None``, DFlash).
+    ``dtype``: of q/k/v (default the pool's; give it for an fp8 pool).
     """
     from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -214,7 +218,7 @@ def make_verify_batch(
         extend_start_loc=None,
         extend_prefix_lens=None,
     )
-    dtype = pool.dtype
+    dtype = dtype or pool.dtype
     total = batch * num_draft
     qkv = {}
     for layer_id in layer_ids:
