@@ -96,7 +96,7 @@ void check_rows(const torch::Tensor& t, const char* name, int64_t cols, torch::S
 // kernel reads V from the K tile in shared memory).
 void check_fp8_pool(const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
   TORCH_CHECK(k_buf.is_cuda() && v_buf.is_cuda(), "k_buffer and v_buffer must be CUDA tensors");
-  TORCH_CHECK(v_buf.scalar_type() == torch::kFloat8_e4m3fn,
+  TORCH_CHECK(v_buf.scalar_type() == at::ScalarType::Float8_e4m3fn,
               "v_buffer must be float8_e4m3fn like k_buffer");
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == 1 && k_buf.size(2) == kHeadDimQK &&
                   k_buf.stride(2) == 1,
@@ -126,7 +126,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
               "q rows must be 4-byte aligned");
   check_rows(k_ext, "k_extend", kHeadDimQK, dtype);
   check_rows(v_ext, "v_extend", kHeadDimV, dtype);
-  const bool kv_fp8 = k_buf.scalar_type() == torch::kFloat8_e4m3fn;
+  const bool kv_fp8 = k_buf.scalar_type() == at::ScalarType::Float8_e4m3fn;
   if (kv_fp8) {
     check_fp8_pool(k_buf, v_buf);
     TORCH_CHECK(k_scale > 0 && v_scale > 0, "k_scale and v_scale must be positive");
