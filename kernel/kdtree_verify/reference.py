@@ -76,9 +76,7 @@ def verify_attention_reference(
         prefix = kv_indices[kv[b] : kv[b + 1]].long()
         prefix_len = prefix.shape[0]
         keys = torch.cat([k_buffer[prefix, 0].float() * k_scale, k_extend[q_lo:q_hi, 0].float()])
-        values = torch.cat(
-            [v_buffer[prefix, 0].float() * v_scale, v_extend[q_lo:q_hi, 0].float()]
-        )
+        values = torch.cat([v_buffer[prefix, 0].float() * v_scale, v_extend[q_lo:q_hi, 0].float()])
         queries = q[q_lo:q_hi].float()  # [N, H, 576]
 
         scores = torch.einsum("nhd,kd->nhk", queries, keys) * sm_scale  # [N, H, prefix + N]

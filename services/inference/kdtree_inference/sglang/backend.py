@@ -32,7 +32,6 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from kdtree_verify import VerifyInputError
-
 from kdtree_verify.validation import FP8_KV_DTYPE
 
 from .comparison import ComparisonRecorder, ShadowGate
