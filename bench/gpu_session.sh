@@ -11,10 +11,11 @@
 # and the duration of each of the three kernels of one call. tune: the kernel tests, our
 # kernel alone over the whole grid (no baselines; its ceilings include the mma.sync one) and the
 # profile: one kernel-tuning iteration. fp8: the fp8 KV pool in one bounded pass (under 8
-# minutes on an H200: the build, then at most 220 + 80 + 140 s): the kernel tests (bf16 and fp8, against the reference, the CPU op and
-# SGLang's Triton fp8 path; CUDA graphs) and the backend's fp8 call path, memcheck over the fp8 sanitizer cases, and the fp8
-# benchmark (bench/kernel_bench.py --kv-dtype fp8: fp8 vs the bf16 pool vs Triton's fp8 path);
-# each step under its own time limit, so a slow one cannot take the others' time.
+# minutes on an H200: the build, then at most 220 + 80 + 140 s): the kernel tests (bf16 and fp8,
+# against the reference, the CPU op and SGLang's Triton fp8 path; CUDA graphs) and the backend's
+# fp8 call path, memcheck over the fp8 sanitizer cases, and the fp8 benchmark
+# (bench/kernel_bench.py --kv-dtype fp8: fp8 vs the bf16 pool vs Triton's fp8 path); each step
+# under its own time limit, so a slow one cannot take the others' time.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
