@@ -244,7 +244,7 @@ def test_sinks_fall_back_to_stock_and_are_counted():
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"layer": {"k_scale": torch.tensor(1.0)}}, "fp8_kv"),
+        ({"layer": {"k_scale": torch.tensor(1.0)}}, "kv_scale"),  # scaled, not an fp8 pool
         ({"layer": {"sliding_window_size": 128}}, "sliding_window"),
         ({"layer": {"logit_cap": 50.0}}, "logit_cap"),
         ({"layer": {"is_cross_attention": True}}, "non_causal"),
@@ -253,7 +253,7 @@ def test_sinks_fall_back_to_stock_and_are_counted():
         ({"backend": {"dcp_size": 2}}, "dcp"),
         ({"backend": {"use_mla": False}}, "non_mla"),
         ({"backend": {"use_sliding_window_kv_pool": True}}, "sliding_window"),
-        ({"q_dtype": torch.bfloat16}, "fp8_kv"),  # a float32 pool read by bf16 q: KV dtype differs
+        ({"q_dtype": torch.bfloat16}, "kv_dtype"),  # a float32 pool read by bf16 q
         ({}, None),
     ],
 )

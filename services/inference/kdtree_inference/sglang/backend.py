@@ -39,6 +39,7 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from kdtree_verify import VerifyInputError
+from kdtree_verify.validation import FP8_KV_DTYPE
 
 from .comparison import ComparisonRecorder, ShadowGate
 from .dispatch import verify_with_inputs
@@ -295,8 +296,11 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         if self.page_size > 1:
             return "page_size"
         kv_dtype = self.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype
-        if layer.k_scale is not None or kv_dtype != dtype:
-            return "fp8_kv"
+        if kv_dtype != FP8_KV_DTYPE:
+            if kv_dtype != dtype:
+                return "kv_dtype"
+            if layer.k_scale is not None:  # K / k_scale in a pool of q's dtype: not served
+                return "kv_scale"
         if self.use_sliding_window_kv_pool or (
             layer.sliding_window_size is not None and layer.sliding_window_size > -1
         ):
@@ -328,6 +332,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         return inputs
 
     def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
+        # The parent's k_descale / v_descale: the layer's scales when it has both, else 1.0.
+        scaled = layer.k_scale is not None and layer.v_scale is not None
         out = _verify_layer(
             self._kdtree_inputs(),
             q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM),
@@ -336,6 +342,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             layer.scaling,
+            k_scale=layer.k_scale_float if scaled else 1.0,
+            v_scale=layer.v_scale_float if scaled else 1.0,
         )
         return out.view(out.shape[0], -1)
 
@@ -390,11 +398,15 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_serve(self, q, k, v, layer, forward_batch, save_kv_cache):
         if save_kv_cache:
-            # The parent's write for this case (no k_scale, no DCP, both checked above).
+            # The parent's write for MLA without DCP (checked above): K / k_scale when the layer
+            # has a k_scale (only with an fp8 pool here), the pool casting to its dtype.
             loc = KVWriteLoc.for_batch(
                 forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc
             )
-            self._set_kv_buffer(forward_batch, layer, loc, k, v)
+            if layer.k_scale is None:
+                self._set_kv_buffer(forward_batch, layer, loc, k, v)
+            else:
+                self.token_to_kv_pool.set_kv_buffer(layer, loc, k.clone().div_(layer.k_scale), v)
         try:
             kernel_out = self._kdtree_kernel(q, k, v, layer)
         except VerifyInputError:
