@@ -9,6 +9,7 @@
 # Phases:
 #   correctness  tests/gpu/test_sglang_e2e.py (8 tiny-model servers: validate == off, parity gate)
 #   speed        bench/sglang_e2e.py on the rank model: off vs on, batch 1/8, 1k/8k/32k prompts
+#   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase.
 set -euo pipefail
@@ -51,6 +52,9 @@ for phase in "$@"; do
       python3 bench/sglang_e2e.py --model /tmp/models/rank --out "$OUT/speed" ${SPEED_ARGS:-} \
         2>&1 | tee "$OUT/speed.log"
       cp "$OUT/speed/speed.json" "$OUT/" ;;
+    kernel-fp8)
+      timeout 140 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
+        tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
     smoke)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \

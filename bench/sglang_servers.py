@@ -169,16 +169,24 @@ class SGLangServer:
 
 
 def start_all(
-    specs: list[ServerSpec], log_dir: Path, timeout_s: float, retries: int = 1
+    specs: list[ServerSpec],
+    log_dir: Path,
+    timeout_s: float,
+    retries: int = 1,
+    stagger_s: float = 3.0,
 ) -> tuple[dict[str, SGLangServer], dict[str, str]]:
     """Start every server at once (they share the GPU), then wait for each.
 
     Servers that start together profile the GPU's free memory while the others allocate, and
     SGLang refuses to start one whose share looks too small; so a server that fails is started
-    again (``retries`` times) once the first round has settled. Returns the healthy servers and,
-    by name, why each other one failed (that one is stopped).
+    again (``retries`` times) once the first round has settled, and starts are ``stagger_s``
+    apart so that those profiles rarely overlap. Returns the healthy servers and, by name, why
+    each other one failed (that one is stopped).
     """
-    servers = {spec.name: SGLangServer(spec, log_dir) for spec in specs}
+    servers = {}
+    for spec in specs:
+        servers[spec.name] = SGLangServer(spec, log_dir)
+        time.sleep(stagger_s)
     failed: dict[str, str] = {}
     for attempt in range(retries + 1):
         for name, server in list(servers.items()):

@@ -152,15 +152,24 @@ def _replay(server, entries, batch_entries, replay) -> list[dict]:
     return results
 
 
+def _replay_or_error(server, entries, batch_entries, replay) -> list[dict] | str:
+    try:
+        return _replay(server, entries, batch_entries, replay)
+    except (RuntimeError, OSError, ValueError) as error:  # one server's failure is its own
+        return f"{type(error).__name__}: {error}"
+
+
 @pytest.fixture(scope="module")
-def generations(servers, out_dir) -> dict[str, list[dict]]:
+def generations(servers, out_dir) -> dict[str, list[dict] | str]:
+    """Each pair server's generations, or why its replay failed."""
     running, _ = servers
     replay = load_policy(POLICY).policy.replay
     entries, batch_entries = _requests()
     names = sorted({n for pair in PAIRS.values() for n in pair} & set(running))
     with ThreadPoolExecutor(len(names) or 1) as pool:
         futures = {
-            n: pool.submit(_replay, running[n], entries, batch_entries, replay) for n in names
+            n: pool.submit(_replay_or_error, running[n], entries, batch_entries, replay)
+            for n in names
         }
         results = {n: f.result() for n, f in futures.items()}
     for name, got in results.items():
@@ -186,7 +195,11 @@ def test_every_server_started(servers, record) -> None:
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_validate_serves_exactly_what_off_serves(pair, generations, record) -> None:
     off_name, validate_name = PAIRS[pair]
+    missing = [n for n in (off_name, validate_name) if n not in generations]
+    assert not missing, f"not running: {missing}"
     off, validate = generations[off_name], generations[validate_name]
+    for name, got in ((off_name, off), (validate_name, validate)):
+        assert not isinstance(got, str), f"{name}: {got}"
     assert len(off) == len(validate) > 0
     assert all(len(g["output_ids"]) > 0 for g in off), "off served an empty generation"
     differing = [a["id"] for a, b in zip(off, validate, strict=True) if a != b]
