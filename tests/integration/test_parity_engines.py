@@ -271,3 +271,26 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         store.close()
     finally:
         proxy.close()
+
+
+def test_shipped_short_policy_fails_a_perturbation_on_drift_alone_and_passes_the_op(
+    shared_pair: tuple[str, str], reference_server, tmp_path: Path
+) -> None:
+    """The policy as shipped, on its corpus: A/A drift is exactly 0, so its drift threshold sits
+    between the verify op's float32 rounding (KDTREE_VERIFY=on) and a 0.1% change of a layer."""
+    baseline, _ = shared_pair
+    op = reference_server(env={"KDTREE_VERIFY": "on"})
+    perturbed = reference_server(fault_layer=1, fault_scale=1.001)
+    verdicts, why = {}, {}
+    for name, candidate in (("op", op), ("perturbed", perturbed)):
+        out = tmp_path / name
+        done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus",
+                       "short", "--policy", "short", "--out", out, "--db",
+                       tmp_path / "runs.sqlite3", "--no-progress")  # fmt: skip
+        report = only_report(out)
+        why[name] = (report["verdict"]["reasons"], report["summary"], done.stderr[-2000:])
+        assert report["summary"]["aa"]["drift"]["max"] == 0.0, why[name]
+        assert report["summary"]["candidate"]["hard"] == 0, why[name]
+        failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
+        verdicts[name] = (done.returncode, failing)
+    assert verdicts == {"op": (0, []), "perturbed": (1, ["logprob_drift_p99"])}, why
