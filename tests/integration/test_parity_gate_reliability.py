@@ -81,6 +81,9 @@ def test_a_candidate_answering_with_errors_fails_the_gate(
     report = only_report(out)
     assert report["verdict"]["status"] == "fail" and report["run"]["status"] == "failed"
     assert reasons(report)["candidate_errors"] == "fail"
+    assert "(0/0)" not in done.stdout
+    if report["summary"]["prompts_compared"] == 0:
+        assert "exact_match_rate: no prompt was compared on every target" in done.stdout
     # A refused /health fails at once: no waiting out the 60 s health deadline.
     assert time.monotonic() - started < 45
 
