@@ -10,8 +10,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted(
-    [REPO / "README.md", REPO / "bench" / "README.md", REPO / "bench" / "results" / "README.md"]
-    + list((REPO / "docs").glob("*.md"))
+    [
+        REPO / "README.md",
+        REPO / "bench" / "README.md",
+        REPO / "bench" / "results" / "README.md",
+        *(REPO / "docs").glob("*.md"),
+    ]
 )
 # Pages being written on other branches: a link to one passes while the page is absent, and is
 # checked like any other once it is in the tree. Empty this set when they have been merged.
