@@ -130,6 +130,7 @@ def test_on_serves_the_kernel_and_matches_stock(mask):
     assert pair.pools_equal()
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == len(LAYERS)
     assert metric(pair.registry, "kdtree_verify_steps_total") == 1
+    assert metric(pair.registry, "kdtree_verify_graph_replays_total") == 0
     assert metric(pair.registry, "kdtree_verify_mode", mode="on") == 1
 
 
@@ -320,6 +321,7 @@ def test_graph_capture_references_sglang_static_buffers_and_replay_counts_routes
     for seed in (2, 3):
         pair.replay_metadata([9, 4], seed)
     assert metric(pair.registry, "kdtree_verify_steps_total") == 2
+    assert metric(pair.registry, "kdtree_verify_graph_replays_total") == 2
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 2
     assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="logit_cap") == 2
 

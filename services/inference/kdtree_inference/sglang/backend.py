@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 import torch
@@ -127,9 +128,11 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+        # The pid shows which process built the backend: a scheduler, never the launcher.
         logger.info(
-            "kdtree verify backend (%s): %s",
+            "kdtree verify backend (%s) in pid %d: %s",
             "draft runner, stock" if getattr(model_runner, "is_draft_worker", False) else "target",
+            os.getpid(),
             settings.describe(),
         )
 
@@ -174,7 +177,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return
 
         self.kdtree_step += 1
-        self.kdtree_telemetry.verify_steps()
+        self.kdtree_telemetry.verify_steps(graph_replay=phase == "replay")
         shadow_every = self.kdtree_settings.shadow_every
         self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
         if phase == "replay":

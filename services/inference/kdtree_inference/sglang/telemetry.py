@@ -13,6 +13,8 @@ name                                            type    meaning
 =============================================== ======= =========================================
 kdtree_verify_mode{mode}                        gauge   1 for the active KDTREE_VERIFY mode
 kdtree_verify_steps_total                       counter target-verify forwards seen
+kdtree_verify_graph_replays_total               counter of those, CUDA-graph replays (the rest
+                                                        ran eagerly)
 kdtree_verify_kernel_calls_total                counter layer calls the kdtree kernel computed
 kdtree_verify_fallbacks_total{reason}           counter verify layer calls left to Triton, by why
 kdtree_verify_max_abs_error{layer}              gauge   max |kernel - triton| in the last window
@@ -48,6 +50,7 @@ PUBLISH_EVENT = "kdtree_verify_publish"
 class _Metrics:
     mode: Any
     steps: Any
+    graph_replays: Any
     kernel_calls: Any
     fallbacks: Any
     max_abs: Any
@@ -81,6 +84,12 @@ def _metrics(registry: Any | None) -> _Metrics:
         ),
         steps=Counter(
             "kdtree_verify_steps", "Target-verify forwards seen", rank, registry=registry
+        ),
+        graph_replays=Counter(
+            "kdtree_verify_graph_replays",
+            "Target-verify forwards that were CUDA-graph replays",
+            rank,
+            registry=registry,
         ),
         kernel_calls=Counter(
             "kdtree_verify_kernel_calls",
@@ -163,8 +172,10 @@ class VerifyTelemetry:
                 1 if mode is settings.mode else 0
             )
 
-    def verify_steps(self, count: int = 1) -> None:
+    def verify_steps(self, count: int = 1, graph_replay: bool = False) -> None:
         self._metrics.steps.labels(tp_rank=self.rank).inc(count)
+        if graph_replay:
+            self._metrics.graph_replays.labels(tp_rank=self.rank).inc(count)
 
     def kernel_calls(self, count: int = 1) -> None:
         if count:
