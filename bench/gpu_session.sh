@@ -5,7 +5,7 @@
 # Usage (on the GPU machine, repo root):
 #   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune|fp8]
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
-# op-vs-triton parity over 100 prompts (issues 4 and 5). profile: Nsight Compute on the attention
+# op-vs-triton parity over 100 prompts. profile: Nsight Compute on the attention
 # kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
 # 32k): stall reasons, per-instruction samples split into main-loop phases (bench/stall_phases.py),
 # and the duration of each of the three kernels of one call. tune: the kernel tests, our

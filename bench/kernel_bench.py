@@ -86,7 +86,7 @@ def log(msg: str) -> None:
 
 
 def grid_shapes() -> list[tuple[int, int, int, int]]:
-    """The issue's grid as (B, H, T, prefix), in the order records are written."""
+    """The benchmark grid as (B, H, T, prefix), in the order records are written."""
     return [(B, H, T, P) for B in GRID_B for H in GRID_H for T in GRID_T for P in GRID_PREFIX]
 
 
@@ -385,7 +385,7 @@ def mma_sync_efficiency(nbytes: float, flops: float, us: float, ceilings: dict) 
 
 
 def summarize(records: list[dict]) -> dict:
-    """The issue's targets, computed from the records."""
+    """Summary figures of the records: efficiency, small-call time, ratios to the baselines."""
     big = [r for r in records if r["ideal_us"] >= 10.0]
     small = [r for r in records if r["ideal_us"] < 10.0]
     return {
