@@ -124,7 +124,7 @@ def measure(
 
 
 def speed_specs(
-    model: Path, modes: list[str], mem_fraction: float, extra: tuple[str, ...]
+    model: Path, modes: list[str], mem_fraction: float, extra: tuple[str, ...], tp: int = 1
 ) -> list[ServerSpec]:
     return [
         ServerSpec(
@@ -134,6 +134,7 @@ def speed_specs(
             mem_fraction=mem_fraction,
             extra=extra,
             env=MODES[mode],
+            tp=tp,
         )
         for mode in modes
     ]
@@ -143,7 +144,9 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
-    specs = speed_specs(args.model, args.modes, args.mem_fraction, tuple(args.server_arg))
+    specs = speed_specs(
+        args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp
+    )
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     try:
@@ -210,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(MODES),
         help=f"comma-separated, from {', '.join(MODES)} (default: all)",
     )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
     parser.add_argument("--mem-fraction", type=float, default=0.12)
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
@@ -223,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not (args.model / "config.json").is_file():
         print(f"sglang_e2e: no config.json in {args.model}", file=sys.stderr)
+        return 2
+    if args.tp < 1:
+        print(f"sglang_e2e: --tp must be at least 1, got {args.tp}", file=sys.stderr)
         return 2
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:

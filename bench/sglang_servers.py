@@ -37,6 +37,12 @@ SPECULATION = {
     "chain": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
               "--speculative-num-draft-tokens", "4"),
 }  # fmt: skip
+TP_ENV = {
+    # NVLink multicast (NVLS) stays off for tensor parallelism on the lent multi-GPU machines.
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 GRAPH_MAX_BS = 4
 """Decode graphs cover batches 1-4; batch 8 runs eagerly on the same server."""
 
@@ -56,6 +62,7 @@ class ServerSpec:
     cuda_graphs: bool = True
     radix_cache: bool = True
     mem_fraction: float = 0.08
+    tp: int = 1
     extra: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -74,6 +81,7 @@ class ServerSpec:
             "--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation],
             *graphs, "--cuda-graph-backend-prefill", "disabled",
             *([] if self.radix_cache else ["--disable-radix-cache"]),
+            *(["--tp-size", str(self.tp)] if self.tp > 1 else []),
             "--enable-metrics", "--host", LOOPBACK, "--port", str(port), *self.extra,
         ]  # fmt: skip
 
@@ -85,6 +93,7 @@ class ServerSpec:
             "speculation": self.speculation,
             "cuda_graphs": self.cuda_graphs,
             "radix_cache": self.radix_cache,
+            "tp": self.tp,
         }
 
 
@@ -109,7 +118,12 @@ class SGLangServer:
         self.log_path = log_dir / f"server_{spec.name}.log"
         self.command = [kdtree_serve(), *spec.flags(self.port)]
         log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **spec.env, "KDTREE_VERIFY": spec.mode}
+        env = {
+            **os.environ,
+            **(TP_ENV if spec.tp > 1 else {}),
+            **spec.env,
+            "KDTREE_VERIFY": spec.mode,
+        }
         with self.log_path.open("wb") as log:
             log.write(f"$ KDTREE_VERIFY={spec.mode} {' '.join(self.command)}\n".encode())
             log.flush()
