@@ -188,23 +188,44 @@ def start_all(
     timeout_s: float,
     retries: int = 1,
     stagger_s: float = 3.0,
+    wave: int = 0,
 ) -> tuple[dict[str, SGLangServer], dict[str, str]]:
-    """Start every server at once (they share the GPU), then wait for each.
+    """Start the servers (they share the GPU) and wait for each.
 
-    Servers that start together profile the GPU's free memory while the others allocate, and
-    SGLang refuses to start one whose share looks too small; so a server that fails is started
-    again (``retries`` times) once the first round has settled, and starts are ``stagger_s``
-    apart so that those profiles rarely overlap. Returns the healthy servers and, by name, why
-    each other one failed (that one is stopped).
+    A starting SGLang server profiles the GPU's free memory and refuses to start when another
+    process allocated in the meantime, so starts are ``stagger_s`` apart, at most ``wave``
+    servers start together (0: all; the next wave starts once the previous one is ready), and a
+    server that fails is started again (``retries`` times) once its wave has settled. Returns the
+    healthy servers and, by name, why each other one failed (that one is stopped).
     """
-    servers = {}
-    for spec in specs:
-        servers[spec.name] = SGLangServer(spec, log_dir)
-        time.sleep(stagger_s)
+    servers: dict[str, SGLangServer] = {}
     failed: dict[str, str] = {}
+    size = wave or len(specs)
+    try:
+        for first in range(0, len(specs), size):
+            group = specs[first : first + size]
+            for spec in group:
+                servers[spec.name] = SGLangServer(spec, log_dir)
+                time.sleep(stagger_s)
+            _wait_group(servers, [s.name for s in group], log_dir, timeout_s, retries, failed)
+    except BaseException:
+        stop_all(servers)
+        raise
+    return servers, failed
+
+
+def _wait_group(
+    servers: dict[str, SGLangServer],
+    names: list[str],
+    log_dir: Path,
+    timeout_s: float,
+    retries: int,
+    failed: dict[str, str],
+) -> None:
     for attempt in range(retries + 1):
-        for name, server in list(servers.items()):
-            if server.ready_after_s is not None:
+        for name in names:
+            server = servers.get(name)
+            if server is None or server.ready_after_s is not None:
                 continue
             try:
                 took = server.wait_ready(timeout_s)
@@ -219,12 +240,8 @@ def start_all(
                     servers[name] = SGLangServer(server.spec, log_dir)
                 else:
                     del servers[name]
-            except BaseException:
-                stop_all(servers)
-                raise
-        if not failed:
-            break
-    return servers, failed
+        if not any(n in failed for n in names):
+            return
 
 
 def stop_all(servers: dict[str, SGLangServer]) -> None:
