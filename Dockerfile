@@ -76,16 +76,6 @@ ARG SGLANG_VERSION
 ARG TORCH_VERSION
 ARG KDTREE_CUDA_ARCHS="80;90;120"
 ARG CUDA_VERSION
-ARG VCS_REF=unknown
-ARG SOURCE_URL=https://example.invalid/kdtree
-LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
-      org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.source="${SOURCE_URL}" \
-      io.kdtree.sglang.version="${SGLANG_VERSION}" \
-      io.kdtree.torch.version="${TORCH_VERSION}" \
-      io.kdtree.cuda.version="${CUDA_VERSION}" \
-      io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
 RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2"
 # The op loads the compiled extension from KDTREE_BUILD_DIR through cpp_extension, which checks
 # it against the sources (kernel/csrc) and takes a lock there: same paths as in kernel-build, and
@@ -99,6 +89,18 @@ RUN pip install --no-deps --editable /opt/kdtree/kernel \
     && pip install /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
+# Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
+# invalidates the cached layers of that RUN (the installs above are slow).
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
+      org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.kdtree.sglang.version="${SGLANG_VERSION}" \
+      io.kdtree.torch.version="${TORCH_VERSION}" \
+      io.kdtree.cuda.version="${CUDA_VERSION}" \
+      io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
 USER 10001
 WORKDIR /home/kdtree
 # KDTREE_VERIFY: off (stock SGLang), validate (both, serve SGLang's), on (serve the kernel).
@@ -119,11 +121,6 @@ FROM ${PYTHON_SLIM_IMAGE} AS parity
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
-ARG VCS_REF=unknown
-ARG SOURCE_URL=https://example.invalid/kdtree
-LABEL org.opencontainers.image.title="kdtree parity sidecar" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.source="${SOURCE_URL}"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
@@ -131,6 +128,12 @@ COPY services/parity/ /opt/kdtree/services/parity/
 RUN pip install /opt/kdtree/services/parity \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && mkdir -p /reports && chown kdtree /reports
+# Labels last, as in the inference stage.
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree parity sidecar" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}"
 USER 10001
 WORKDIR /reports
 ENTRYPOINT ["kdtree-parity"]
@@ -145,12 +148,6 @@ ARG TORCH_INDEX_URL
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
-ARG VCS_REF=unknown
-ARG SOURCE_URL=https://example.invalid/kdtree
-LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.source="${SOURCE_URL}" \
-      io.kdtree.torch.version="${TORCH_VERSION}"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
@@ -160,6 +157,13 @@ COPY kernel/ /opt/kdtree/kernel/
 COPY services/inference/ /opt/kdtree/services/inference/
 RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
+# Labels last, as in the inference stage.
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.kdtree.torch.version="${TORCH_VERSION}"
 USER 10001
 WORKDIR /home/kdtree
 EXPOSE 30000
