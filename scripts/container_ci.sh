@@ -189,28 +189,31 @@ STATE=
 NETNS=
 DOCKERD_PID=
 REGISTRY_PID=
+COMMAND_PID=
 
 teardown() {
   local rc=$?
   set +e
   step "tearing down (exit $rc)"
-  if [ -n "$REGISTRY_PID" ] && kill -0 "$REGISTRY_PID" 2>/dev/null; then
-    kill "$REGISTRY_PID"
-    wait "$REGISTRY_PID" 2>/dev/null
-  fi
+  stop_pid "$COMMAND_PID" 30
+  stop_pid "$REGISTRY_PID" 10
   if [ -n "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" 2>/dev/null; then
     # Containers first, so dockerd's own shutdown has nothing left to wait for.
     local -a running
     mapfile -t running < <(docker ps --quiet 2>/dev/null)
     [ ${#running[@]} -gt 0 ] && docker rm --force "${running[@]}" >/dev/null 2>&1
-    kill "$DOCKERD_PID"
-    local waited=0
-    while kill -0 "$DOCKERD_PID" 2>/dev/null && [ $waited -lt 60 ]; do
-      sleep 1
-      waited=$((waited + 1))
+  fi
+  stop_pid "$DOCKERD_PID" 60
+  # dockerd stops the containerd it started; should it have been killed, that one is stopped too.
+  [ -n "$STATE" ] && [ -s "$STATE/exec/containerd/containerd.pid" ] &&
+    stop_pid "$(cat "$STATE/exec/containerd/containerd.pid")" 10
+  if [ -n "$STATE" ]; then
+    # Whatever still runs from this run's directory (a shim, a stray child) is named by it.
+    local pid
+    for pid in $(pgrep -f -- "$STATE/"); do
+      echo "stopping leftover process $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" >&2
+      stop_pid "$pid" 10
     done
-    kill -0 "$DOCKERD_PID" 2>/dev/null && kill -KILL "$DOCKERD_PID"
-    wait "$DOCKERD_PID" 2>/dev/null
   fi
   if [ "$rc" -ne 0 ] && [ -n "$STATE" ]; then
     local log
@@ -228,6 +231,19 @@ teardown() {
   exit "$rc"
 }
 
+# TERM, up to SECONDS to exit, then KILL: one process, by its pid.
+stop_pid() {
+  local pid=$1 seconds=$2 waited=0
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+  kill "$pid"
+  while kill -0 "$pid" 2>/dev/null && [ $waited -lt "$seconds" ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  wait "$pid" 2>/dev/null || true
+}
+
 wait_for() {
   local what=$1 seconds=$2
   shift 2
@@ -239,7 +255,10 @@ wait_for() {
   done
 }
 
-in_netns() { nsenter --net="/run/netns/$NETNS" "$@"; }
+# nsenter execs the program without forking (no pid namespace), so `nsenter ... &` leaves the
+# program's own pid in $!; a shell function in the background would leave a subshell's instead.
+NSENTER=()
+in_netns() { "${NSENTER[@]}" "$@"; }
 
 start_daemons() {
   STATE=/var/lib/kdtree-ci/run-$$
@@ -252,7 +271,8 @@ start_daemons() {
   ip -n "$NETNS" link set lo up
   # nsenter --net, not `ip netns exec`: the latter remounts /sys, and runc then finds no cgroups.
   step "dockerd in $NETNS (data in $STATE)"
-  in_netns dockerd --data-root "$STATE/docker" --exec-root "$STATE/exec" \
+  NSENTER=(nsenter --net="/run/netns/$NETNS")
+  "${NSENTER[@]}" dockerd --data-root "$STATE/docker" --exec-root "$STATE/exec" \
     --host "unix://$STATE/docker.sock" --pidfile "$STATE/dockerd.pid" \
     >"$STATE/dockerd.log" 2>&1 &
   DOCKERD_PID=$!
@@ -267,7 +287,7 @@ storage:
 http:
   addr: $REGISTRY_ADDR
 EOF
-  in_netns docker-registry serve "$STATE/registry.yml" >"$STATE/registry.log" 2>&1 &
+  "${NSENTER[@]}" docker-registry serve "$STATE/registry.yml" >"$STATE/registry.log" 2>&1 &
   REGISTRY_PID=$!
   wait_for registry 60 in_netns python3 -c \
     "import urllib.request as r; r.urlopen('http://$REGISTRY_ADDR/v2/', timeout=2)"
@@ -306,7 +326,11 @@ case ${1:-} in
     start_daemons
     load_images
     step "running in $NETNS: $*"
-    in_netns "$@"
+    # In the background and waited for, so that a TERM or INT reaches the traps at once (bash
+    # runs traps only between commands) and teardown stops the command by its pid.
+    "${NSENTER[@]}" "$@" &
+    COMMAND_PID=$!
+    wait "$COMMAND_PID"
     ;;
   -h | --help | help)
     usage
