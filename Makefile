@@ -37,8 +37,9 @@ demo: setup
 margins: setup
 	$(PY) -m kdtree_inference.engine.margins
 
-# ---- containers and promotion (README "Containers and promotion"). Docker with the compose
-# plugin and the NVIDIA Container Toolkit on a GPU host; promotion logic is stdlib-only Python.
+# ---- containers and promotion (docs/operations.md). Docker with the compose plugin and the
+# NVIDIA Container Toolkit on a GPU host (the demo profile needs neither GPU nor toolkit);
+# promotion logic is stdlib-only Python.
 COMPOSE ?= docker compose
 PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
 PROMOTE_ARGS ?=
