@@ -351,7 +351,7 @@ def test_shell_scripts_pass_shellcheck() -> None:
 
 def test_shellcheck_catches_a_known_mistake(tmp_path: Path) -> None:
     script = tmp_path / "bad.sh"
-    script.write_text('#!/usr/bin/env bash\nrm -rf $1/\n')
+    script.write_text("#!/usr/bin/env bash\nrm -rf $1/\n")
     result = _run(_tool("shellcheck"), str(script))
     assert result.returncode != 0 and "SC2086" in result.stdout
 
