@@ -189,13 +189,11 @@ STATE=
 NETNS=
 DOCKERD_PID=
 REGISTRY_PID=
-COMMAND_PID=
 
 teardown() {
   local rc=$?
   set +e
   step "tearing down (exit $rc)"
-  stop_pid "$COMMAND_PID" 30
   stop_pid "$REGISTRY_PID" 10
   if [ -n "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" 2>/dev/null; then
     # Containers first, so dockerd's own shutdown has nothing left to wait for.
@@ -326,11 +324,9 @@ case ${1:-} in
     start_daemons
     load_images
     step "running in $NETNS: $*"
-    # In the background and waited for, so that a TERM or INT reaches the traps at once (bash
-    # runs traps only between commands) and teardown stops the command by its pid.
-    "${NSENTER[@]}" "$@" &
-    COMMAND_PID=$!
-    wait "$COMMAND_PID"
+    # In the foreground: a background command would start with SIGINT ignored, and Ctrl-C (sent
+    # to the whole process group) must reach it. Teardown runs when it has ended.
+    "${NSENTER[@]}" "$@"
     ;;
   -h | --help | help)
     usage
