@@ -24,7 +24,7 @@ lint: setup
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ---- embedded reference engine (README "The embedded reference engine")
+# ---- embedded reference engine (docs/engine.md)
 DEMO_ARGS ?=
 
 .PHONY: demo margins
@@ -77,7 +77,7 @@ promote:
 rollback:
 	$(PROMOTE) rollback $(PROMOTE_ARGS)
 
-# ---- parity sidecar (README "The parity sidecar"). Targets, corpus, policy and output come
+# ---- parity sidecar (docs/parity.md). Targets, corpus, policy and output come
 # from KDTREE_PARITY_* (see the Configuration table); PARITY_ARGS adds or overrides flags.
 PARITY_ARGS ?=
 
@@ -87,7 +87,7 @@ PARITY_ARGS ?=
 parity: setup
 	$(VENV)/bin/kdtree-parity run $(PARITY_ARGS)
 
-# ---- the CUDA kernel (README "The kernel and its numbers"). Archs from KDTREE_CUDA_ARCHS
+# ---- the CUDA kernel (docs/kernel.md). Archs from KDTREE_CUDA_ARCHS
 # (default 80;90;120); the build goes to KDTREE_BUILD_DIR (default kernel/build/torch<version>).
 BENCH_OUT ?= bench/results/local.json
 
@@ -109,7 +109,7 @@ sass: setup
 bench: setup
 	$(PY) bench/kernel_bench.py --out $(BENCH_OUT)
 
-# ---- the SGLang backend (README "The SGLang backend").
+# ---- the SGLang backend (docs/sglang.md).
 .PHONY: bench-layer serve-local
 
 ## bench-layer: backend overhead around the kernel at B=1, prefix 32k (GPU; writes bench/results/layer_<gpu>.json + .log)

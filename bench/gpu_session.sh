@@ -3,14 +3,19 @@
 # (memcheck, synccheck, racecheck) over a case subset and the benchmark, keeping every raw log
 # under $OUT (default bench/results/run).
 # Usage (on the GPU machine, repo root):
-#   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune]
+#   bench/gpu_session.sh [all|test|sanitize|bench|quick|serving|profile|tune|fp8]
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
-# op-vs-triton parity over 100 prompts (issues 4 and 5). profile: Nsight Compute on the attention
+# op-vs-triton parity over 100 prompts. profile: Nsight Compute on the attention
 # kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
 # 32k): stall reasons, per-instruction samples split into main-loop phases (bench/stall_phases.py),
 # and the duration of each of the three kernels of one call. tune: the kernel tests, our
 # kernel alone over the whole grid (no baselines; its ceilings include the mma.sync one) and the
-# profile: one kernel-tuning iteration.
+# profile: one kernel-tuning iteration. fp8: the fp8 KV pool in one bounded pass (under 8
+# minutes on an H200: the build, then at most 220 + 80 + 140 s): the kernel tests (bf16 and fp8,
+# against the reference, the CPU op and SGLang's Triton fp8 path; CUDA graphs) and the backend's
+# fp8 call path, memcheck over the fp8 sanitizer cases, and the fp8 benchmark
+# (bench/kernel_bench.py --kv-dtype fp8: fp8 vs the bf16 pool vs Triton's fp8 path); each step
+# under its own time limit, so a slow one cannot take the others' time.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
@@ -54,6 +59,15 @@ if [[ $what == tune ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_kernel.log"
   rc=$((rc | ${PIPESTATUS[0]}))
   python3 bench/kernel_bench.py --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+fi
+if [[ $what == fp8 ]]; then
+  timeout 220 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py tests/gpu/test_backend_fp8_gpu.py -o addopts="" -rs --durations=15 2>&1 | tee "$OUT/test_kernel.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+  timeout 80 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 \
+    | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log"
+  rc=$((rc | ${PIPESTATUS[0]}))
+  timeout 140 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
   rc=$((rc | ${PIPESTATUS[0]}))
 fi
 if [[ $what == profile || $what == tune ]]; then

@@ -29,6 +29,13 @@ shape, so the whole grid with baselines takes longer than one 10-minute GPU comm
 ``--kdtree-only`` skips the baselines (for tuning runs). ``--target-ctas N`` plans every shape
 for N CTAs instead of one wave of the device (a diagnostic of the split size: fewer CTAs give
 longer, fewer splits); each record states its ``target_ctas`` and ``split_tokens``.
+
+``--kv-dtype fp8``: the pool is float8_e4m3fn (K / k_scale, as SGLang stores it; q and the draft
+KV bf16) and the contenders are kdtree on the fp8 pool (``kdtree_us``), kdtree on the bf16 pool of
+the same values (``kdtree_bf16_us``, a layer call; ``speedup_fp8_vs_bf16`` compares layer calls) and SGLang's Triton
+``extend_attention_fwd`` on the fp8 pool with the same descales (``triton_fp8_extend_us``). The
+default shapes are FP8_SHAPES (the memory-bound B >= 8, H = 8, T = 8, prefix >= 32k and a few
+others); the roofline counts one byte per pool element.
 """
 
 from __future__ import annotations
@@ -64,6 +71,14 @@ EXTEND_MAX_B_X_PREFIX = 262_144  # above this the Triton extend kernel takes sec
 REFERENCE_MAX_WORK = 1 * 16 * 16 * 32768
 LAYERS = 61
 """DeepSeek-V3's layers: the SGLang backend plans once per forward and every layer reuses it."""
+FP8_SHAPES = [
+    (8, 8, 8, 32768), (8, 8, 8, 131072), (32, 8, 8, 32768), (32, 8, 8, 131072),
+    (16, 8, 8, 65536), (1, 8, 8, 32768), (8, 16, 16, 4096), (8, 8, 16, 32768),
+    (1, 128, 16, 32768),
+]  # fmt: skip
+"""``--kv-dtype fp8`` default shapes (B, H, T, prefix)."""
+FP8_K_SCALE, FP8_V_SCALE = 0.5, 0.5
+"""The pool holds K / k_scale; MLA's V is the same rows, so v_scale = k_scale."""
 
 
 def log(msg: str) -> None:
@@ -71,7 +86,7 @@ def log(msg: str) -> None:
 
 
 def grid_shapes() -> list[tuple[int, int, int, int]]:
-    """The issue's grid as (B, H, T, prefix), in the order records are written."""
+    """The benchmark grid as (B, H, T, prefix), in the order records are written."""
     return [(B, H, T, P) for B in GRID_B for H in GRID_H for T in GRID_T for P in GRID_PREFIX]
 
 
@@ -330,14 +345,32 @@ def kdtree_layer_call(
     return call
 
 
+def kdtree_fp8_layer_call(
+    pool_fp8: torch.Tensor, inp: dict, out: torch.Tensor, lse: torch.Tensor, plan, sm_scale: float
+) -> Callable[[], None]:
+    """One layer call of our kernel on the fp8 pool (the same plan: it depends on shapes only)."""
+
+    def call() -> None:
+        verify_attention_cuda(
+            inp["q"], inp["k_ext"], inp["v_ext"], pool_fp8, pool_fp8[..., :DV], inp["qo_indptr"],
+            inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
+            False, out, lse, plan=plan, k_scale=FP8_K_SCALE, v_scale=FP8_V_SCALE,
+        )  # fmt: skip
+
+    return call
+
+
 def ideal_us(nbytes: float, flops: float, copy_tbps: float, tflops: float) -> float:
     """The roofline time: the slower of moving the bytes and doing the FLOPs at these rates."""
     return max(nbytes / (copy_tbps * 1e12), flops / (tflops * 1e12)) * 1e6
 
 
-def roofline(B: int, H: int, T: int, prefix: int, ceilings: dict) -> tuple[float, float, float]:
-    """(bytes, flops, ideal_us): KV read once + Q read + out write; QK^T and PV over prefix + T."""
-    nbytes = B * (prefix + T) * QK * 2 + B * T * H * (QK + DV) * 2
+def roofline(
+    B: int, H: int, T: int, prefix: int, ceilings: dict, pool_bytes: int = 2
+) -> tuple[float, float, float]:
+    """(bytes, flops, ideal_us): KV read once + Q read + out write; QK^T and PV over prefix + T.
+    ``pool_bytes`` per prefix element (1 for an fp8 pool; the draft KV stays bf16)."""
+    nbytes = B * prefix * QK * pool_bytes + B * T * QK * 2 + B * T * H * (QK + DV) * 2
     flops = 2.0 * B * T * H * (prefix + T) * (QK + DV)
     return nbytes, flops, ideal_us(nbytes, flops, ceilings["copy_TBps"], ceilings["matmul_TFLOPs"])
 
@@ -352,7 +385,7 @@ def mma_sync_efficiency(nbytes: float, flops: float, us: float, ceilings: dict) 
 
 
 def summarize(records: list[dict]) -> dict:
-    """The issue's targets, computed from the records."""
+    """Summary figures of the records: efficiency, small-call time, ratios to the baselines."""
     big = [r for r in records if r["ideal_us"] >= 10.0]
     small = [r for r in records if r["ideal_us"] < 10.0]
     return {
@@ -385,6 +418,22 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
+def summarize_fp8(records: list[dict]) -> dict:
+    """The fp8 target: at B >= 8, H = 8, T = 8, prefix >= 32k, fp8 >= 1.6x the bf16 pool."""
+    target = [
+        r for r in records if r["B"] >= 8 and r["H"] == 8 and r["T"] == 8 and r["prefix"] >= 32768
+    ]
+    return {
+        "min_speedup_fp8_vs_bf16_B_ge8_H8_T8_prefix_ge32k": min(
+            (r["speedup_fp8_vs_bf16"] for r in target), default=None
+        ),
+        "min_speedup_vs_triton_fp8": min(
+            (r["speedup_vs_triton_fp8"] for r in records if "speedup_vs_triton_fp8" in r),
+            default=None,
+        ),
+    }
+
+
 def write_result(
     out: str,
     props,
@@ -392,6 +441,7 @@ def write_result(
     records: list[dict],
     summary: dict | None,
     l2: str = "flushed",
+    kv_dtype: str = "bf16",
 ) -> Path:
     """Write the JSON (also after every shape, so a run cut short keeps what it measured)."""
     result = {
@@ -400,6 +450,7 @@ def write_result(
         "torch": torch.__version__,
         "python": platform.python_version(),
         "dtype": "bfloat16",
+        "kv_dtype": "float8_e4m3fn" if kv_dtype == "fp8" else "bfloat16",
         "timing": timing_note(l2),
         "extend_skipped_when_B_x_prefix_gt": EXTEND_MAX_B_X_PREFIX,
         "complete": summary is not None,
@@ -425,6 +476,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--l2", choices=list(L2_STATES), default="flushed", help="L2 state before each call"
+    )
+    parser.add_argument(
+        "--kv-dtype", choices=["bf16", "fp8"], default="bf16", help="the KV pool's dtype"
     )
     parser.add_argument(
         "--target-ctas",
@@ -453,6 +507,9 @@ def main() -> int:
         extend_attention_fwd = verify_shared_kv_fwd = None
     if args.kdtree_only:
         extend_attention_fwd = verify_shared_kv_fwd = None
+    fp8 = args.kv_dtype == "fp8"
+    if fp8:
+        verify_shared_kv_fwd = None  # chain-only and not an fp8 contender here
 
     props = torch.cuda.get_device_properties(0)
     log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
@@ -463,11 +520,15 @@ def main() -> int:
     if args.quick:
         shapes = [(1, 8, 8, 32768), (1, 16, 16, 131072), (8, 16, 16, 4096), (1, 128, 32, 32768)]
     k, n = args.part
+    if fp8:
+        shapes = FP8_SHAPES
     shapes = args.shapes if args.shapes else shapes[k - 1 :: n]
     gen = torch.Generator(device="cuda").manual_seed(0)
     pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
     log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
     pool = Pool(pool_rows, gen)
+    # fp8: SGLang's store of the same K (K / k_scale in e4m3); V its first 512 columns.
+    pool_fp8 = (pool.k / FP8_K_SCALE).to(torch.float8_e4m3fn) if fp8 else None
     timer = Timer(l2=args.l2)
     records = []
     t_start = time.time()
@@ -484,10 +545,19 @@ def main() -> int:
         kdtree_call = kdtree_layer_call(pool, inp, out, lse, plan, sm_scale)
         plan_call()
         rec = {"B": B, "H": H, "T": T, "prefix": P, "mask": "tree"}
+        if fp8:
+            rec["kdtree_bf16_us"] = round(timer.per_call_us(kdtree_call), 2)
+            bf16_out = out.clone()
+            kdtree_call = kdtree_fp8_layer_call(pool_fp8, inp, out, lse, plan, sm_scale)
+            kdtree_call()
+            torch.cuda.synchronize()
+            # the fp8 result against the bf16 pool's (a quantization distance, not an error)
+            rec["max_abs_diff_fp8_vs_bf16"] = float((out.float() - bf16_out.float()).abs().max())
+            del bf16_out
         rec["kdtree_layer_us"] = round(timer.per_call_us(kdtree_call), 2)
         rec["kdtree_plan_us"] = round(timer.per_call_us(plan_call), 2)
         rec["kdtree_us"] = round(rec["kdtree_layer_us"] + rec["kdtree_plan_us"] / LAYERS, 2)
-        nbytes, flops, ideal = roofline(B, H, T, P, ceilings)
+        nbytes, flops, ideal = roofline(B, H, T, P, ceilings, pool_bytes=1 if fp8 else 2)
         rec.update(
             bytes=nbytes,
             flops=flops,
@@ -502,9 +572,27 @@ def main() -> int:
             target_ctas=plan.target_ctas,
             split_tokens=split_chunk([(T, P)] * B, H, plan.target_ctas, plan.max_splits),
         )
+        if fp8:
+            # layer calls on both sides (the plan is shared and the same)
+            rec["speedup_fp8_vs_bf16"] = round(rec["kdtree_bf16_us"] / rec["kdtree_layer_us"], 2)
         rec["triton_extend_us"] = None
         rec["max_abs_diff_vs_extend"] = None
-        if extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
+        if fp8 and extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
+            ext_out = torch.empty_like(out)
+
+            def fp8_extend_call(inp=inp, ext_out=ext_out, T=T):
+                extend_attention_fwd(
+                    inp["q"], inp["k_ext"], inp["v_ext"].contiguous(), ext_out, pool_fp8,
+                    pool_fp8[..., :DV], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
+                    inp["mask"], True, inp["mask_indptr"], T, FP8_K_SCALE, FP8_V_SCALE,
+                    sm_scale=sm_scale,
+                )  # fmt: skip
+
+            rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
+            kdtree_call()
+            rec["max_abs_diff_vs_triton_fp8"] = float((out.float() - ext_out.float()).abs().max())
+            rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
+        elif extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
             ext_out = torch.empty_like(out)
 
             def extend_call(inp=inp, ext_out=ext_out, T=T):
@@ -540,7 +628,7 @@ def main() -> int:
                     rec["triton_shared_kv_us"] / rec["kdtree_us"], 1
                 )
         rec["reference_us"] = None
-        if B * H * T * P <= REFERENCE_MAX_WORK:
+        if not fp8 and B * H * T * P <= REFERENCE_MAX_WORK:
             args_ref = (
                 inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, inp["qo_indptr"],
                 inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
@@ -559,14 +647,22 @@ def main() -> int:
             f"{rec['effective_TBps']:.2f} TB/s {rec['TFLOPs']:.0f} TF/s  "
             f"extend {rec['triton_extend_us']}  shared_kv {rec['triton_shared_kv_us']}  "
             f"ref {rec['reference_us']}  diff {rec['max_abs_diff_vs_extend']}  "
-            f"[{time.time() - t_start:.0f} s]"
+            + (
+                f"bf16 {rec['kdtree_bf16_us']} us (fp8 x{rec['speedup_fp8_vs_bf16']})  "
+                f"triton_fp8 {rec.get('triton_fp8_extend_us')}  "
+                if fp8
+                else ""
+            )
+            + f"[{time.time() - t_start:.0f} s]"
         )
         del inp, out, lse, plan
-        write_result(args.out, props, ceilings, records, None, args.l2)
+        write_result(args.out, props, ceilings, records, None, args.l2, args.kv_dtype)
     summary = summarize(records)
+    if fp8:
+        summary |= summarize_fp8(records)
     summary["bench_seconds"] = round(time.time() - t_start, 1)
     log(json.dumps(summary, indent=1))
-    out_path = write_result(args.out, props, ceilings, records, summary, args.l2)
+    out_path = write_result(args.out, props, ceilings, records, summary, args.l2, args.kv_dtype)
     log(f"wrote {out_path}")
     return 0 if all(math.isfinite(r["kdtree_us"]) for r in records) else 1
 

@@ -15,7 +15,7 @@ a kv_indices buffer longer than the prefix, SGLang's uint8 mask buffer, fragment
                        eager forward pays per layer (CUDA graphs remove it);
 - triton_extend_us     SGLang's extend_attention_fwd on the same inputs (what stock runs).
 
-The issue's target: marshaling overhead at most 5% of kernel time. Marshaling happens once per
+The target: marshaling overhead at most 5% of kernel time. Marshaling happens once per
 forward, so it is set against a forward's kernel time (61 layers, DeepSeek-V3) and, stricter,
 against a single layer's; both ratios are reported.
 

@@ -92,12 +92,30 @@ void check_rows(const torch::Tensor& t, const char* name, int64_t cols, torch::S
               " rows must be 16-byte aligned (token stride a multiple of 8 elements)");
 }
 
+// An fp8 pool is read in 8-byte pieces, and its V must be its K rows' first 512 columns (the
+// kernel reads V from the K tile in shared memory).
+void check_fp8_pool(const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
+  TORCH_CHECK(k_buf.is_cuda() && v_buf.is_cuda(), "k_buffer and v_buffer must be CUDA tensors");
+  TORCH_CHECK(v_buf.scalar_type() == at::ScalarType::Float8_e4m3fn,
+              "v_buffer must be float8_e4m3fn like k_buffer");
+  TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == 1 && k_buf.size(2) == kHeadDimQK &&
+                  k_buf.stride(2) == 1,
+              "k_buffer must be [*, 1, 576] contiguous in its last dimension");
+  TORCH_CHECK(v_buf.dim() == 3 && v_buf.size(1) == 1 && v_buf.size(2) == kHeadDimV,
+              "v_buffer must be [*, 1, 512]");
+  TORCH_CHECK(k_buf.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(k_buf.data_ptr()) % 8 == 0,
+              "fp8 k_buffer rows must be 8-byte aligned (token stride a multiple of 8)");
+  TORCH_CHECK(v_buf.data_ptr() == k_buf.data_ptr() && v_buf.stride(0) == k_buf.stride(0) &&
+                  v_buf.stride(2) == 1,
+              "fp8 v_buffer must be the first 512 columns of k_buffer's rows");
+}
+
 void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Tensor& v_ext,
             const torch::Tensor& k_buf, const torch::Tensor& v_buf,
             const torch::Tensor& kv_indices, const std::optional<torch::Tensor>& mask,
             torch::Tensor& out, torch::Tensor& lse, const torch::Tensor& workspace,
             const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots,
-            int64_t max_splits) {
+            int64_t max_splits, double k_scale, double v_scale) {
   const c10::cuda::CUDAGuard guard(q.device());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");
@@ -108,8 +126,14 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
               "q rows must be 4-byte aligned");
   check_rows(k_ext, "k_extend", kHeadDimQK, dtype);
   check_rows(v_ext, "v_extend", kHeadDimV, dtype);
-  check_rows(k_buf, "k_buffer", kHeadDimQK, dtype);
-  check_rows(v_buf, "v_buffer", kHeadDimV, dtype);
+  const bool kv_fp8 = k_buf.scalar_type() == at::ScalarType::Float8_e4m3fn;
+  if (kv_fp8) {
+    check_fp8_pool(k_buf, v_buf);
+    TORCH_CHECK(k_scale > 0 && v_scale > 0, "k_scale and v_scale must be positive");
+  } else {
+    check_rows(k_buf, "k_buffer", kHeadDimQK, dtype);
+    check_rows(v_buf, "v_buffer", kHeadDimV, dtype);
+  }
   TORCH_CHECK(out.is_cuda() && out.scalar_type() == dtype && out.dim() == 3 &&
                   out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
                   out.size(2) == kHeadDimV && out.stride(2) == 1,
@@ -135,6 +159,9 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.k_buf_stride = k_buf.stride(0);
   p.v_buf = v_buf.data_ptr();
   p.v_buf_stride = v_buf.stride(0);
+  p.kv_fp8 = kv_fp8;
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
   p.kv_indices = kv_indices.numel() > 0 ? kv_indices.data_ptr() : nullptr;
   p.kv_indices_64 = is_index_64(kv_indices, "kv_indices");
   // V is read from the K tile in shared memory when it is the first 512 columns of the same rows.

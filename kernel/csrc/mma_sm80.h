@@ -1,6 +1,7 @@
 // sm_80-level tensor-core and shared-memory primitives (mma.sync m16n8k16 with fp32
-// accumulation, ldmatrix), shared by the verify kernel and bench/csrc/mma_ceiling.cu so that the
-// ceiling is measured with the very instruction wrappers the kernel issues.
+// accumulation, ldmatrix, the fp8 KV dequantization), shared by the verify kernel and
+// bench/csrc/mma_ceiling.cu so that the ceiling is measured with the very instruction wrappers the
+// kernel issues.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,6 +47,63 @@ struct ElemOps {
 };
 
 #undef KDTREE_MMA_M16N8K16
+
+// Four float8_e4m3fn values (the bytes of x, lowest first) as two packed Elem pairs, exactly:
+// every finite e4m3 value (|x| <= 448, subnormals down to 2^-9) is representable in fp16 and in
+// bf16. lo holds bytes 0 and 1, hi bytes 2 and 3.
+// sm_89 and up (sm_90, sm_120) convert in hardware (cvt.rn.f16x2.e4m3x2; bf16 through fp32, which
+// is exact). sm_80 has no fp8 conversion: the bits are placed by hand (sign, then exponent and
+// mantissa shifted into Elem's fields) and one fma by a power of two fixes the exponent bias,
+// which also turns e4m3 subnormals into the right values. The two NaN codes (0x7f, 0xff) come out
+// as +-480 there instead of NaN.
+template <typename Elem>
+__device__ __forceinline__ void fp8x4_to_elem2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  constexpr bool kBF16 = std::is_same_v<Elem, __nv_bfloat16>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h01, h23;
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(h01), "=r"(h23)
+      : "r"(x));
+  if constexpr (kBF16) {
+    const auto to_bf16 = [](uint32_t h) {
+      __half2 v;
+      memcpy(&v, &h, sizeof(v));
+      const float2 f = __half22float2(v);
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      uint32_t bits;
+      memcpy(&bits, &b, sizeof(bits));
+      return bits;
+    };
+    lo = to_bf16(h01);
+    hi = to_bf16(h23);
+  } else {
+    lo = h01;
+    hi = h23;
+  }
+#else
+  // Byte k of x becomes 16-bit lane k: the sign to bit 15, exponent and mantissa below Elem's
+  // exponent field's top (shifted 4 for bf16's 8-bit exponent, 7 for fp16's 5-bit one), then
+  // times 2^120 (bf16) or 2^8 (fp16), the difference of the exponent biases. The addend -0 keeps
+  // the sign of zero.
+  // (The constants are set inside the asm so that they hold no register across the main loop.)
+  constexpr int kShift = kBF16 ? 4 : 7;
+  const uint32_t sign = x & 0x80808080u;
+  const uint32_t mag = x & 0x7f7f7f7fu;
+  const uint32_t raw_lo = __byte_perm(sign, 0, 0x1404) | (__byte_perm(mag, 0, 0x4140) << kShift);
+  const uint32_t raw_hi = __byte_perm(sign, 0, 0x3424) | (__byte_perm(mag, 0, 0x4342) << kShift);
+  if constexpr (kBF16)  // 2^120 in each bf16 lane
+    asm("{\n.reg .b32 f, z;\nmov.b32 f, 0x7b807b80;\nmov.b32 z, 0x80008000;\n"
+        "fma.rn.bf16x2 %0, %2, f, z;\nfma.rn.bf16x2 %1, %3, f, z;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(raw_lo), "r"(raw_hi));
+  else  // 2^8 in each fp16 lane
+    asm("{\n.reg .b32 f, z;\nmov.b32 f, 0x5c005c00;\nmov.b32 z, 0x80008000;\n"
+        "fma.rn.f16x2 %0, %2, f, z;\nfma.rn.f16x2 %1, %3, f, z;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(raw_lo), "r"(raw_hi));
+#endif
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

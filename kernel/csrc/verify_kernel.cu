@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "mma_sm80.h"
 #include "verify_config.h"
@@ -336,7 +337,13 @@ __device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
 // Softmax statistics: every thread keeps the running max m_run of its 4 O rows (identical in all
 // warps: they are updated only from the shared per-piece maxima, in the same order), and the
 // running sum l_run of the 2 rows of its piece (summed over the pieces in the epilogue).
-template <typename Elem>
+//
+// kFp8Kv: the pool holds float8_e4m3fn. Its rows are read into registers (8 bytes per copy, the
+// same chunk mapping as the cp.async path) at the top of an iteration, and dequantized to Elem into
+// the free stage at its end, so shared memory, the MMAs and the softmax are the bf16 kernel's; the
+// draft rows (k_extend, Elem) still arrive by cp.async. Prefix scores take k_scale, and prefix P
+// values take v_scale before they are rounded for the P V MMA (the row sums do not).
+template <typename Elem, bool kFp8Kv>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
   constexpr int kLoadThreadsPerRow = kThreads / kBlockN;
   constexpr int kKLoads = kKvRowChunks / kLoadThreadsPerRow;  // 16-byte copies per thread
@@ -396,14 +403,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   const int ld_row = tid / kLoadThreadsPerRow;
   const int ld_sub = tid % kLoadThreadsPerRow;
   const uint32_t ld_dst = kv_offset(ld_row, ld_sub);
-  const Elem* k_buf = reinterpret_cast<const Elem*>(p.k_buf);
-  const Elem* v_buf = reinterpret_cast<const Elem*>(p.v_buf);
+  // Pool rows in elements of the pool's type (one byte for fp8), draft rows in Elem.
+  using KvElem = std::conditional_t<kFp8Kv, uint8_t, Elem>;
+  const KvElem* k_buf = reinterpret_cast<const KvElem*>(p.k_buf);
+  const KvElem* v_buf = reinterpret_cast<const KvElem*>(p.v_buf);
   const Elem* k_ext = reinterpret_cast<const Elem*>(p.k_ext);
   const Elem* v_ext = reinterpret_cast<const Elem*>(p.v_ext);
   struct Src {
-    const Elem* k;
-    const Elem* v;
+    const void* k;
+    const void* v;
     bool valid;
+    bool pooled;  // a prefix row (k_buffer), else a draft row (k_extend) or none
   };
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint8_t* idx_ring = smem + kIdxRingOffset;
@@ -412,10 +422,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   // (from_ring) or straight from global memory (pipeline prologue and the separate-V path).
   auto resolve = [&](int tile, bool from_ring) -> Src {
     const int j = kv_begin + tile * kBlockN + ld_row;
-    Src s{k_buf, v_buf, false};
+    Src s{k_buf, v_buf, false, false};
     if (tile < n_tiles && j < kv_end) {
       s.valid = true;
       if (j < L) {
+        s.pooled = true;
         int64_t idx;
         if (from_ring) {
           const uint8_t* ring_slot = idx_ring + (tile % kIdxRing) * kIdxSlotBytes;
@@ -447,24 +458,67 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
                      p.kv_indices_64, valid);
     }
   };
+  // Rows in Elem (Q, draft rows, a bf16/fp16 pool, zero fill): cp.async straight into the stage.
   auto issue_k = [&](int stage, const Src& s) {
     const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
-    const Elem* src = s.k + ld_sub * 8;
+    const Elem* src = static_cast<const Elem*>(s.k) + ld_sub * 8;
 #pragma unroll
     for (int i = 0; i < kKLoads; ++i) cp_async_16(dst + i * 128, src + i * 64, s.valid ? 16 : 0);
   };
   auto issue_v = [&](int stage, const Src& s) {
+    if (kFp8Kv && s.pooled) return;  // an fp8 pool's V is its K rows' first 512 columns
     const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
-    const Elem* src = s.v + ld_sub * 8;
+    const Elem* src = static_cast<const Elem*>(s.v) + ld_sub * 8;
 #pragma unroll
     for (int i = 0; i < kVLoads; ++i) cp_async_16(dst + i * 128, src + i * 64, s.valid ? 16 : 0);
+  };
+  // fp8 pool rows: this thread's 9 8-byte pieces (Elem chunks ld_sub + 8 i once dequantized) are
+  // loaded into registers by fetch_kv and written to the stage by store_kv. On sm_80, whose
+  // software conversion needs more registers than the 18 pieces leave, fetch_kv stores at once
+  // (the loads' latency is then not hidden behind the tile's compute).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  constexpr bool kHoldAcrossTile = false;
+#else
+  constexpr bool kHoldAcrossTile = true;
+#endif
+  uint2 kv8[kFp8Kv ? kKLoads : 1];
+  bool kv8_held = false;
+  auto store_kv = [&](int stage) {
+    if constexpr (kFp8Kv) {
+      if (!kv8_held) return;
+      const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
+#pragma unroll
+      for (int i = 0; i < kKLoads; ++i) {
+        uint4 e;
+        fp8x4_to_elem2x2<Elem>(kv8[i].x, e.x, e.y);
+        fp8x4_to_elem2x2<Elem>(kv8[i].y, e.z, e.w);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + i * 128), "r"(e.x),
+                     "r"(e.y), "r"(e.z), "r"(e.w)
+                     : "memory");
+      }
+      kv8_held = false;
+    }
+  };
+  auto fetch_kv = [&](int stage, const Src& s) {
+    if constexpr (kFp8Kv) {
+      kv8_held = s.valid && s.pooled;
+      if (kv8_held) {
+        const uint2* src = static_cast<const uint2*>(s.k) + ld_sub;
+#pragma unroll
+        for (int i = 0; i < kKLoads; ++i) kv8[i] = __ldg(src + i * 8);
+        if (!kHoldAcrossTile) store_kv(stage);
+        return;
+      }
+    }
+    issue_k(stage, s);
   };
 
   // Prologue: KV tile 0 (indices read directly) and the indices of tile 1 form the first
   // cp.async group; iteration `it` then issues KV tile it + 1 (its indices landed with the group
   // waited on at the top of the iteration) and the indices of tile it + 2.
   static_assert(kStages == 2, "the pipeline below prefetches exactly one tile ahead");
-  issue_k(0, resolve(0, false));
+  fetch_kv(0, resolve(0, false));
+  store_kv(0);  // (fp8: waits for this tile's loads once, in the prologue)
   issue_idx(1);
   // Q's 32 rows go through stage 1 (free until iteration 0 loads tile 1), laid out like a KV tile:
   // 9 16-byte copies per thread, then ldmatrix. Read straight into the MMA fragment layout, Q
@@ -543,13 +597,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
       o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
   float m_run[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // log2 domain, scaled scores
   float l_run[2] = {0.f, 0.f};  // piece rows, this thread's share
-  const float scale = p.scale_log2;  // > 0 (validated), so max(s) * scale = max(s * scale)
+  // > 0 (validated), so max(s) * scale = max(s * scale). The fp8 pool's scores are scaled per
+  // column as they are unmasked (below).
+  const float scale = kFp8Kv ? 1.f : p.scale_log2;
 
   for (int it = 0; it < n_tiles; ++it) {
     const int stage = it & 1;
     cp_async_wait<0>();  // tile `it` and the indices of it + 1 have landed (this thread's copies)
     __syncthreads();     // ... everyone's; and everyone is done with tile it - 1 (stage, P)
-    if (it + 1 < n_tiles) issue_k(stage ^ 1, resolve(it + 1, true));
+    if (it + 1 < n_tiles) fetch_kv(stage ^ 1, resolve(it + 1, true));
     issue_idx(it + 2);
     cp_async_commit();
 
@@ -634,6 +690,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         if (!visible) sp[e] = neg_inf();
       }
     }
+    // fp8 pool: scale the scores here (prefix columns also by k_scale), so `scale` below is 1;
+    // vf is the factor of each P value in the P V product (v_scale for prefix columns).
+    float vf[4] = {1.f, 1.f, 1.f, 1.f};
+    if constexpr (kFp8Kv) {
+      const float prefix_scale = p.scale_log2 * p.k_scale;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool prefix = piece_col + (e & 1) < L;
+        sp[e] *= prefix ? prefix_scale : p.scale_log2;
+        vf[e] = prefix ? p.v_scale : 1.f;
+      }
+    }
 
     // ---- P against the running max. The max is lazy: it only moves (and O and l are only
     // rescaled) when some score of the CTA's tile exceeds it by more than 2^kRescaleLog2; the
@@ -661,9 +729,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         const int row = piece_mi * 16 + (lane >> 2) + 8 * h;
         const int col = half * kHalfN + piece_nt * 8 + (lane & 3) * 2;  // token in the tile
         const uint32_t addr = p_smem + p_offset(row, col / 8) + (col % 8) * 2;
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr),
-                     "r"(ElemOps<Elem>::pack(pv[2 * h], pv[2 * h + 1]))
-                     : "memory");
+        const uint32_t packed = kFp8Kv ? ElemOps<Elem>::pack(pv[2 * h] * vf[2 * h],
+                                                             pv[2 * h + 1] * vf[2 * h + 1])
+                                       : ElemOps<Elem>::pack(pv[2 * h], pv[2 * h + 1]);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
     };
     store_p();
@@ -738,6 +807,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         }
       }
     }
+    // fp8: tile it + 1's pool rows into the other stage (free since the barrier at the top of
+    // this iteration; the next iteration's barrier publishes them).
+    store_kv(stage ^ 1);
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the CTA exits
 
@@ -953,24 +1025,24 @@ void launch_maybe_dependent(void (*kernel)(VerifyParams), dim3 grid, int threads
   cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-template <typename Elem>
+template <typename Elem, bool kFp8Kv>
 void prepare_attention_kernel() {
   // Opt in to > 48 KB dynamic shared memory once per instantiation and device: the attribute
   // belongs to the kernel as loaded on the current device, so a process that uses a second GPU
   // must set it there too (tests/gpu/two_devices.py).
   static int64_t cache[kMaxDevices] = {};
   cached_per_device(cache, [](int) -> int64_t {
-    cudaFuncSetAttribute(attention_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSmemBytes);
+    cudaFuncSetAttribute(attention_kernel<Elem, kFp8Kv>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     return 1;
   });
 }
 
-template <typename Elem>
+template <typename Elem, bool kFp8Kv>
 void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
-  prepare_attention_kernel<Elem>();
-  launch_maybe_dependent(attention_kernel<Elem>, dim3(p.num_tile_slots, p.max_splits), kThreads,
-                         kSmemBytes, stream, p);
+  prepare_attention_kernel<Elem, kFp8Kv>();
+  launch_maybe_dependent(attention_kernel<Elem, kFp8Kv>, dim3(p.num_tile_slots, p.max_splits),
+                         kThreads, kSmemBytes, stream, p);
 }
 
 // How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), per device
@@ -1025,7 +1097,13 @@ void launch_plan(const VerifyParams& p, cudaStream_t stream) {
 }
 
 void launch_attention(const VerifyParams& p, DType dtype, cudaStream_t stream) {
-  with_elem(dtype, [&](auto elem) { launch_attention_t<ElemOf<decltype(elem)>>(p, stream); });
+  with_elem(dtype, [&](auto elem) {
+    using Elem = ElemOf<decltype(elem)>;
+    if (p.kv_fp8)
+      launch_attention_t<Elem, true>(p, stream);
+    else
+      launch_attention_t<Elem, false>(p, stream);
+  });
 }
 
 void launch_combine(const VerifyParams& p, DType dtype, cudaStream_t stream) {
@@ -1036,9 +1114,10 @@ void launch_combine(const VerifyParams& p, DType dtype, cudaStream_t stream) {
 int attention_ctas_per_sm(DType dtype) {
   return with_elem(dtype, [](auto elem) {
     using Elem = ElemOf<decltype(elem)>;
-    prepare_attention_kernel<Elem>();
+    // The fp8-pool instantiation has the same shared memory, hence the same occupancy.
+    prepare_attention_kernel<Elem, false>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<Elem>, kThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<Elem, false>, kThreads,
                                                   kSmemBytes);
     return n > 0 ? n : 1;
   });

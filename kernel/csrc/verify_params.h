@@ -42,10 +42,16 @@ struct VerifyParams {
   int64_t k_ext_stride;
   const void* v_ext;
   int64_t v_ext_stride;
+  // The paged KV pool: q's dtype, or float8_e4m3fn (kv_fp8) holding K / k_scale, whose V is the
+  // first 512 columns of the same rows. Strides in elements (bytes for fp8).
   const void* k_buf;
   int64_t k_buf_stride;
   const void* v_buf;
   int64_t v_buf_stride;
+  bool kv_fp8;
+  // fp8 pool only: a prefix token's score is (q . k8) * k_scale * sm_scale and its value v8 *
+  // v_scale (SGLang's k_descale / v_descale); the draft tokens' bf16 KV is used as is.
+  float k_scale, v_scale;
   const void* kv_indices;
   bool kv_indices_64;
   const void* qo_indptr;

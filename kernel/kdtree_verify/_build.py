@@ -6,7 +6,12 @@ keyed by the torch version, so one checkout can serve several environments.
 
 Environment:
 - ``KDTREE_CUDA_ARCHS``: semicolon-separated SM versions to compile for (default ``80;90;120``).
-- ``KDTREE_BUILD_DIR``: where objects and the module go (default ``<repo>/kernel/build/<tag>``).
+- ``KDTREE_BUILD_DIR``: where objects and the module go (default ``<repo>/kernel/build/<tag>`` in
+  a checkout; ``$XDG_CACHE_HOME/kdtree-verify/<tag>``, i.e. ``~/.cache/...``, for an installed
+  package, whose site-packages may not be writable).
+
+The sources are ``kernel/csrc`` in a checkout (and an editable install) and ``kdtree_verify/csrc``
+in an installed wheel, which carries them for exactly this build.
 """
 
 from __future__ import annotations
@@ -16,10 +21,21 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCES = ("binding.cpp", "verify_kernel.cu")
+
+
+def _find_csrc() -> tuple[Path, bool]:
+    """(the CUDA source directory, whether it belongs to a source checkout)."""
+    checkout = PACKAGE_DIR.parent / "csrc"
+    if (checkout / SOURCES[1]).is_file():
+        return checkout, True
+    return PACKAGE_DIR / "csrc", False
+
+
+CSRC_DIR, IN_CHECKOUT = _find_csrc()
 DEFAULT_ARCHS = "80;90;120"
 EXTENSION_NAME = "kdtree_verify_cuda"
-SOURCES = ("binding.cpp", "verify_kernel.cu")
 
 _module: ModuleType | None = None
 
@@ -75,7 +91,12 @@ def _toolkit_gaps(cuda_home: str) -> tuple[list[str], list[str]]:
 def build_dir() -> Path:
     import torch
 
-    default = CSRC_DIR.parent / "build" / f"torch{torch.__version__.replace('+', '_')}"
+    tag = f"torch{torch.__version__.replace('+', '_')}"
+    if IN_CHECKOUT:
+        default = CSRC_DIR.parent / "build" / tag
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        default = Path(cache) / "kdtree-verify" / tag
     path = Path(os.environ.get("KDTREE_BUILD_DIR", default))
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -93,6 +114,12 @@ def load(verbose: bool = False) -> ModuleType:
         raise RuntimeError("kdtree_verify: CUDA is not available; the CUDA kernel cannot run here")
     if cpp_extension.CUDA_HOME is None:
         raise RuntimeError("kdtree_verify: nvcc not found (set CUDA_HOME) to build the kernel")
+    missing = [s for s in SOURCES if not (CSRC_DIR / s).is_file()]
+    if missing:
+        raise RuntimeError(
+            f"kdtree_verify: the CUDA sources {missing} are not in {CSRC_DIR}; reinstall the "
+            "kdtree-verify package (its wheel carries kdtree_verify/csrc)"
+        )
     archs = cuda_archs()
     host_flags, link_flags = _toolkit_gaps(cpp_extension.CUDA_HOME)
     _module = cpp_extension.load(

@@ -107,12 +107,15 @@ def config_constants() -> dict[str, int]:
 def short_name(mangled: str) -> str:
     """'..attention_kernelI13__nv_bfloat16..' -> 'attention_kernel<bf16>'; integer template
     arguments follow the type, so the combine's two batch sizes stay apart:
-    '..combine_kernelI6__halfLi9EE..' -> 'combine_kernel<fp16,9>'."""
+    '..combine_kernelI6__halfLi9EE..' -> 'combine_kernel<fp16,9>'; the fp8-pool attention kernel
+    is 'attention_kernel<bf16,fp8kv>'."""
     for name in ("plan_kernel", "attention_kernel", "combine_kernel"):
         if name in mangled:
             args = mangled[mangled.index(name) + len(name) :]
             params = ["bf16"] if "bfloat16" in args else ["fp16"] if "half" in args else []
             params += _INT_ARG.findall(args)
+            if "Lb1E" in args:  # attention_kernel<Elem, true>: the fp8-pool instantiation
+                params.append("fp8kv")
             return f"{name}<{','.join(params)}>" if params else name
     return mangled
 

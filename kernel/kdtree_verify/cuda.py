@@ -13,7 +13,7 @@ import torch
 
 from ._build import load
 from .plan import VerifyPlan, make_plan
-from .validation import VerifyInputError
+from .validation import FP8_KV_DTYPE, VerifyInputError
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -35,14 +35,23 @@ def _cached_plan(q: torch.Tensor, batch_size: int) -> VerifyPlan:
     return plan
 
 
-def check_supported(q: torch.Tensor, k_buffer: torch.Tensor) -> None:
-    """Refuse what the kernel does not implement, so callers can fall back (fp8 KV, fp32...)."""
+def check_supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
+    """Refuse what the kernel does not implement, so callers can fall back (fp32, fp8 e5m2...)."""
     if q.dtype not in SUPPORTED_DTYPES:
         raise VerifyInputError(f"q: the CUDA kernel supports bfloat16 and float16, got {q.dtype}")
-    if k_buffer.dtype != q.dtype:
+    if k_buffer.dtype not in (q.dtype, FP8_KV_DTYPE):
         raise VerifyInputError(
-            f"k_buffer: dtype {k_buffer.dtype} differs from q's {q.dtype} "
-            "(fp8 KV is not supported by the CUDA kernel)"
+            f"k_buffer: dtype {k_buffer.dtype} is neither q's {q.dtype} nor float8_e4m3fn"
+        )
+    if k_buffer.dtype == FP8_KV_DTYPE and not (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride(0) == k_buffer.stride(0)
+        and k_buffer.stride(0) % 8 == 0
+        and k_buffer.data_ptr() % 8 == 0
+    ):
+        raise VerifyInputError(
+            "v_buffer: with an fp8 pool the CUDA kernel needs v_buffer to be the first 512 columns "
+            "of k_buffer's rows (SGLang's MLA pool), rows 8-byte aligned"
         )
 
 
@@ -84,13 +93,16 @@ def verify_attention_cuda(
     lse: torch.Tensor,
     *,
     plan: VerifyPlan | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write attention into ``out`` [T, H, 512] (q's dtype) and ``lse`` [T, H] (fp32, natural log).
 
     ``causal=True`` ignores ``custom_mask`` (draft token i sees draft tokens 0..i). With ``plan``
     given, it must already be ``update``d for this qo_indptr / kv_indptr (once per forward).
+    A float8_e4m3fn pool is dequantized on chip with ``k_scale``/``v_scale``.
     """
-    check_supported(q, k_buffer)
+    check_supported(q, k_buffer, v_buffer)
     batch_size = qo_indptr.shape[0] - 1
     if q.shape[0] == 0:
         return
@@ -117,5 +129,5 @@ def verify_attention_cuda(
         q, k_extend, v_extend, k_buffer, v_buffer, kv_indices,
         mask.view(torch.uint8) if mask is not None else None,
         out, lse, plan.workspace, plan.layout.offsets(), float(sm_scale), batch_size,
-        plan.num_tile_slots, plan.max_splits,
+        plan.num_tile_slots, plan.max_splits, float(k_scale), float(v_scale),
     )  # fmt: skip

@@ -44,17 +44,24 @@ def _partial_attention(
     visible: torch.Tensor | None,  # [N, K] bool, None = all visible
     sm_scale: float,
     p_dtype: torch.dtype,
+    key_scale: float = 1.0,
+    value_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split's normalised output and lse, with the kernel's rounding of P before P @ V."""
-    scores = torch.einsum("nhd,kd->nhk", queries, keys) * sm_scale
+    """One split's normalised output and lse, with the kernel's rounding of P before P @ V.
+
+    ``keys``/``values`` are the stored values (an fp8 pool's, exact in float32); the kernel scales
+    the scores by ``key_scale`` and P by ``value_scale`` before rounding it, never the operands.
+    """
+    scores = torch.einsum("nhd,kd->nhk", queries, keys) * (sm_scale * key_scale)
     if visible is not None:
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = row_max.where(torch.isfinite(row_max), 0.0)
     p = torch.exp(scores - row_max)
     row_sum = p.sum(dim=-1)
-    # The kernel feeds P to the tensor cores in the input dtype; model that rounding here.
-    p = p.to(p_dtype).float()
+    # The kernel feeds P (times the value scale) to the tensor cores in the input dtype; model that
+    # rounding here.
+    p = (p * value_scale).to(p_dtype).float()
     out = torch.einsum("nhk,kd->nhd", p, values) / row_sum.clamp_min(1e-30)[..., None]
     lse = torch.log(row_sum) + row_max[..., 0]
     return out, lse
@@ -73,8 +80,14 @@ def split_kv_verify_cpu(
     mask_indptr: torch.Tensor | None,
     sm_scale: float,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge."""
+    """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge.
+
+    An fp8 pool's prefix partials take ``k_scale`` on the scores and ``v_scale`` on P (the
+    kernel's placement of SGLang's descales); the draft partial is unscaled.
+    """
     total_tokens, num_heads, _ = q.shape
     out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
     lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
@@ -97,6 +110,8 @@ def split_kv_verify_cpu(
                 None,
                 sm_scale,
                 q.dtype,
+                k_scale,
+                v_scale,
             )
             partial_outs.append(o_i)
             partial_lses.append(lse_i)
@@ -125,6 +140,8 @@ def _verify_attention_op(
     mask_indptr: torch.Tensor | None,
     sm_scale: float,
     chunk_size: int,
+    k_scale: float,
+    v_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     raise NotImplementedError(
         f"kdtree::verify_attention has no implementation for device {q.device.type!r} "
@@ -152,10 +169,10 @@ def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
             "kdtree_verify: the CUDA kernel is not available in this build "
             "(kdtree_verify.cuda.verify_attention_cuda is missing); build it with `make kernel`"
         )
-    *op_args, _chunk_size = args  # the kernel plans its own split size
+    *op_args, _chunk_size, k_scale, v_scale = args  # the kernel plans its own split size
     q, v_buffer, custom_mask = op_args[0], op_args[4], op_args[8]
     out, lse = _empty_outputs(q, v_buffer)
-    run(*op_args, causal=custom_mask is None, out=out, lse=lse)
+    run(*op_args, causal=custom_mask is None, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale)
     return out, lse
 
 
@@ -180,23 +197,28 @@ def verify_attention(
     return_lse: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     check_values: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA tree-verify attention in SGLang's target-verify layout (see README, "The verify op").
 
     Returns out [T_total, H, 512] in q's dtype, and with ``return_lse`` the natural-log LSE
     [T_total, H] float32. ``check_values`` adds the validation that reads tensor contents (a host
     sync on GPU; never use it under CUDA-graph capture). ``chunk_size`` is the prefix split size
-    of the CPU implementation.
+    of the CPU implementation. A float8_e4m3fn pool is dequantized with ``k_scale``/``v_scale``
+    (docs/kernel-fp8.md states the numerics).
     """
     validate_verify_inputs(
         q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, check_values=check_values,
+        custom_mask, mask_indptr, sm_scale, check_values=check_values, k_scale=k_scale,
+        v_scale=v_scale,
     )  # fmt: skip
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     out, lse = torch.ops.kdtree.verify_attention(
         q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, float(sm_scale), int(chunk_size),
+        custom_mask, mask_indptr, float(sm_scale), int(chunk_size), float(k_scale),
+        float(v_scale),
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

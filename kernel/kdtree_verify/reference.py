@@ -3,6 +3,10 @@
 This is the definition every other implementation is measured against: one request at a time,
 dense scores over [prefix | draft] keys, the tree mask applied to the draft columns, softmax, and
 the weighted sum of values. It favours obviousness over speed.
+
+An fp8 (float8_e4m3fn) pool holds K / k_scale; the prefix keys and values are its dequantized
+values, float(k8) x k_scale and float(v8) x v_scale (SGLang's k_descale / v_descale), and the draft
+tokens' KV (``k_extend``/``v_extend``, in q's dtype) is used as is.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def verify_attention_reference(
     sm_scale: float,
     *,
     return_lse: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of every draft token over its request's prefix and visible draft tokens.
 
@@ -53,7 +59,7 @@ def verify_attention_reference(
     """
     validate_verify_inputs(
         q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, check_values=True,
+        custom_mask, mask_indptr, sm_scale, check_values=True, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     total_tokens, num_heads, _ = q.shape
     v_dim = v_buffer.shape[-1]
@@ -69,8 +75,8 @@ def verify_attention_reference(
             continue
         prefix = kv_indices[kv[b] : kv[b + 1]].long()
         prefix_len = prefix.shape[0]
-        keys = torch.cat([k_buffer[prefix, 0].float(), k_extend[q_lo:q_hi, 0].float()])
-        values = torch.cat([v_buffer[prefix, 0].float(), v_extend[q_lo:q_hi, 0].float()])
+        keys = torch.cat([k_buffer[prefix, 0].float() * k_scale, k_extend[q_lo:q_hi, 0].float()])
+        values = torch.cat([v_buffer[prefix, 0].float() * v_scale, v_extend[q_lo:q_hi, 0].float()])
         queries = q[q_lo:q_hi].float()  # [N, H, 576]
 
         scores = torch.einsum("nhd,kd->nhk", queries, keys) * sm_scale  # [N, H, prefix + N]

@@ -80,6 +80,12 @@ class VerifyCase:
     prefix_lens: list[int]
     num_draft: int
     mask_kind: MaskKind
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    def scales(self) -> dict[str, float]:
+        """Keyword arguments ``k_scale``/``v_scale`` (1.0 unless the pool is fp8)."""
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
     def args(self) -> tuple:
         """Positional arguments for ``verify_attention`` / ``verify_attention_reference``."""
@@ -107,8 +113,23 @@ def make_case(
     strided_v: bool = True,
     pool_slack: int = 7,
     sm_scale: float | None = None,
+    kv_dtype: torch.dtype | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    fp8_exact_q: bool = False,
 ) -> VerifyCase:
-    """Build a target-verify case; slots are a random permutation of the pool (fragmented)."""
+    """Build a target-verify case; slots are a random permutation of the pool (fragmented).
+
+    ``kv_dtype=torch.float8_e4m3fn`` stores the pool as SGLang's Triton backend does for MLA:
+    K / k_scale rounded to e4m3 (the draft tokens' slots included), V the first 512 columns of
+    those rows; ``k_extend``/``v_extend`` stay in ``dtype``. ``fp8_exact_q`` makes every q value
+    an e4m3 value (SGLang's Triton fp8 path rounds q to e4m3; this keeps that rounding exact).
+    """
+    fp8 = kv_dtype is not None and kv_dtype != dtype
+    if fp8 and kv_dtype != torch.float8_e4m3fn:
+        raise ValueError(f"kv_dtype: None, dtype or torch.float8_e4m3fn, got {kv_dtype}")
+    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
+        raise ValueError("k_scale/v_scale: only an fp8 pool is scaled")
     gen = torch.Generator().manual_seed(seed)
     batch_size = len(prefix_lens)
     total_prefix, total_draft = sum(prefix_lens), batch_size * num_draft
@@ -120,6 +141,8 @@ def make_case(
 
     k_buffer = torch.randn(pool_size, 1, QK_DIM, generator=gen)
     q = torch.randn(total_draft, num_heads, QK_DIM, generator=gen)
+    if fp8_exact_q:
+        q = q.to(torch.float8_e4m3fn).float()
     k_extend = torch.randn(total_draft, 1, QK_DIM, generator=gen)
     k_buffer[out_cache_loc] = k_extend  # SGLang saves the draft KV before attention
     v_buffer_full = None if strided_v else k_buffer[..., :V_DIM].clone()
@@ -139,8 +162,13 @@ def make_case(
     def put(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=dtype)
 
-    k_buffer = put(k_buffer)
     k_extend = put(k_extend)
+    if fp8:
+        # SGLang: k.clone().div_(k_scale) in the model dtype, then the pool's cast to e4m3.
+        k_buffer = (put(k_buffer) / k_scale).to(torch.float8_e4m3fn)
+        v_buffer_full = None  # the CUDA kernel reads an fp8 pool's V from its K rows
+    else:
+        k_buffer = put(k_buffer)
     if v_buffer_full is None:
         v_buffer = k_buffer[..., :V_DIM]
         v_extend = k_extend[..., :V_DIM]
@@ -163,6 +191,8 @@ def make_case(
         prefix_lens=list(prefix_lens),
         num_draft=num_draft,
         mask_kind=mask,
+        k_scale=k_scale if fp8 else 1.0,
+        v_scale=v_scale if fp8 else 1.0,
     )
 
 
@@ -180,9 +210,12 @@ def sglang_extend_attention(
     sm_scale: float,
     *,
     max_draft_tokens: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """SGLang 0.5.23's own ``extend_attention_fwd`` called as its Triton backend calls it on target
-    verify (is_causal=True, unit KV scales, prefix custom-mask columns skipped).
+    verify (is_causal=True, prefix custom-mask columns skipped; ``k_scale``/``v_scale`` are its
+    k_descale / v_descale, the layer's scales with an fp8 pool, else 1.0).
 
     On a CPU machine this needs ``TRITON_INTERPRET=1`` set before sglang is first imported, and
     float32 tensors (bf16 is not reliable in the interpreter). ``max_draft_tokens`` is SGLang's
@@ -196,7 +229,7 @@ def sglang_extend_attention(
     extend_attention_fwd(
         q, k_extend.contiguous(), v_extend.contiguous(), out, k_buffer, v_buffer,
         qo_indptr, kv_indptr, kv_indices, custom_mask, True, mask_indptr,
-        max_draft_tokens, 1.0, 1.0, sm_scale=sm_scale,
+        max_draft_tokens, k_scale, v_scale, sm_scale=sm_scale,
     )  # fmt: skip
     return out
 
@@ -246,8 +279,11 @@ def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert float(diff.max()) <= 2e-3, f"{what}: lse differs by {float(diff.max()):.3g}"
 
 
-def assert_matches_reference(out: torch.Tensor, lse: torch.Tensor, args: tuple, what: str) -> None:
-    """The op's output and LSE for ``args`` against the float32 reference (the two bounds above)."""
-    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True)
+def assert_matches_reference(
+    out: torch.Tensor, lse: torch.Tensor, args: tuple, what: str, **scales: float
+) -> None:
+    """The op's output and LSE for ``args`` (and an fp8 pool's ``k_scale``/``v_scale``) against
+    the float32 reference (the two bounds above)."""
+    ref_out, ref_lse = verify_attention_reference(*args, return_lse=True, **scales)
     assert_close_bf16(out, ref_out, what)
     assert_lse_close(lse, ref_lse, what)

@@ -17,6 +17,10 @@ V_DIM = 512
 INDEX_DTYPES = (torch.int32, torch.int64)
 MASK_DTYPES = (torch.bool, torch.uint8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8_KV_DTYPE = torch.float8_e4m3fn
+"""The quantized KV pool dtype (SGLang's ``--kv-cache-dtype fp8_e4m3``); scales are per layer."""
+FP16_MAX_V_SCALE = 255.0
+"""fp16 q with an fp8 pool: P (< 2^8 in the kernel) x v_scale is rounded to fp16 (max 65504)."""
 
 
 class VerifyInputError(ValueError):
@@ -61,8 +65,14 @@ def validate_verify_inputs(
     sm_scale: float,
     *,
     check_values: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> VerifyShape:
     """Raise :class:`VerifyInputError` naming the first malformed argument.
+
+    ``k_buffer``/``v_buffer`` are in q's dtype, or both float8_e4m3fn with the per-layer
+    ``k_scale``/``v_scale`` (positive; 1.0 for any other pool). ``k_extend``/``v_extend`` are
+    always in q's dtype.
 
     ``check_values`` adds the checks that read tensor contents (a host sync on GPU tensors):
     indptr arrays start at 0 and never decrease, qo/kv/mask extents match the tensors they index,
@@ -99,14 +109,20 @@ def validate_verify_inputs(
         _fail(
             "v_buffer", f"pool size {v_buffer.shape[0]} differs from k_buffer's {k_buffer.shape[0]}"
         )
-    for name, t in (
-        ("k_extend", k_extend),
-        ("v_extend", v_extend),
-        ("k_buffer", k_buffer),
-        ("v_buffer", v_buffer),
+    fp8_pool = k_buffer.dtype == FP8_KV_DTYPE
+    pool_dtype = FP8_KV_DTYPE if fp8_pool else q.dtype
+    for name, t, dtype in (
+        ("k_extend", k_extend, q.dtype),
+        ("v_extend", v_extend, q.dtype),
+        ("k_buffer", k_buffer, pool_dtype),
+        ("v_buffer", v_buffer, pool_dtype),
     ):
-        if t.dtype != q.dtype:
-            _fail(name, f"dtype {t.dtype} differs from q's {q.dtype} (fp8 KV is not supported)")
+        if t.dtype != dtype:
+            _fail(
+                name,
+                f"dtype {t.dtype} differs from {dtype} (the pool is in q's dtype {q.dtype} or "
+                "float8_e4m3fn; the draft KV always in q's dtype)",
+            )
         if t.device != device:
             _fail(name, f"is on {t.device} but q is on {device}")
         _check_last_dim_contiguous(t, name)
@@ -146,6 +162,13 @@ def validate_verify_inputs(
 
     if not (isinstance(sm_scale, float | int) and sm_scale > 0):
         _fail("sm_scale", f"must be a positive number, got {sm_scale!r}")
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not (isinstance(value, float | int) and 0 < value < float("inf")):
+            _fail(name, f"must be a positive finite number, got {value!r}")
+        if not fp8_pool and value != 1.0:
+            _fail(name, f"is {value!r}, but only a float8_e4m3fn pool is scaled (use 1.0)")
+    if fp8_pool and q.dtype == torch.float16 and v_scale > FP16_MAX_V_SCALE:
+        _fail("v_scale", f"must be <= {FP16_MAX_V_SCALE} with fp16 q (P x v_scale is fp16)")
 
     if check_values or device.type == "cpu":
         _check_values(

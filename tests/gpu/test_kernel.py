@@ -190,19 +190,24 @@ def test_beyond_the_sweep(prefix_lens, num_draft, num_heads, index_dtype) -> Non
     assert_matches_reference(*run_case(case), case.args(), what)
 
 
-def test_refuses_fp32_and_fp8_with_clear_errors() -> None:
+def test_refuses_fp32_e5m2_and_a_separate_fp8_v_with_clear_errors() -> None:
     case = make_case((10,), 2, 8, dtype=torch.float32, device="cuda")
     with pytest.raises(VerifyInputError, match="bfloat16 and float16"):
         run_case(case)
-    fp8 = make_case((10,), 2, 8, dtype=torch.bfloat16, device="cuda")
+    base = make_case((10,), 2, 8, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(2, 8, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(2, 8, dtype=torch.float32, device="cuda")
-    k8 = fp8.k_buffer.to(torch.float8_e4m3fn)
-    with pytest.raises(VerifyInputError, match="fp8"):
-        verify_attention_cuda(
-            fp8.q, fp8.k_extend, fp8.v_extend, k8, k8[..., :512], fp8.qo_indptr, fp8.kv_indptr,
-            fp8.kv_indices, fp8.custom_mask, fp8.mask_indptr, fp8.sm_scale, False, out, lse,
-        )  # fmt: skip
+    for k8, v8, message in (
+        (base.k_buffer.to(torch.float8_e5m2), None, "neither"),
+        (base.k_buffer.to(torch.float8_e4m3fn), "copy", "first 512 columns"),
+    ):
+        v8 = k8[..., :512] if v8 is None else k8[..., :512].clone()
+        with pytest.raises(VerifyInputError, match=message):
+            verify_attention_cuda(
+                base.q, base.k_extend, base.v_extend, k8, v8, base.qo_indptr, base.kv_indptr,
+                base.kv_indices, base.custom_mask, base.mask_indptr, base.sm_scale, False, out,
+                lse,
+            )  # fmt: skip
 
 
 def test_cuda_path_refuses_layouts_it_would_misread() -> None:
@@ -444,3 +449,164 @@ def test_plan_splits_by_the_host_rule(name: str) -> None:
     assert sorted(zip(used[:, 7].tolist(), used[:, 8].tolist(), strict=True)) == sorted(expected)
     if len(used) <= plan.target_ctas:
         assert int(used[:, 7].sum()) <= plan.target_ctas
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 (float8_e4m3fn) KV pool: K / k_scale rounded to e4m3 as SGLang stores it, V its first 512
+# columns, the draft tokens' KV in bf16. The kernel dequantizes exactly (e4m3 values are bf16
+# values), takes k_scale on the prefix scores and v_scale on the prefix P, so it is held to the
+# bf16 bound against the float32 reference on the dequantized values. Scales differ from 1 and
+# from each other so that a dropped or swapped scale fails.
+FP8 = torch.float8_e4m3fn
+FP8_SCALES = {"k_scale": 0.75, "v_scale": 1.25}
+
+
+def fp8_case(prefix_lens, num_draft, num_heads, **kwargs) -> VerifyCase:
+    kwargs = {"dtype": torch.bfloat16, "device": "cuda", **FP8_SCALES, **kwargs}
+    return make_case(prefix_lens, num_draft, num_heads, kv_dtype=FP8, **kwargs)
+
+
+def run_fp8(case: VerifyCase) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = verify_attention(*case.args(), return_lse=True, **case.scales())
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize(("prefix_lens", "num_draft", "num_heads", "mask"), SWEEP)
+def test_fp8_sweep_against_reference(prefix_lens, num_draft, num_heads, mask) -> None:
+    case = fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=sum(prefix_lens) + 3)
+    what = f"fp8 B={len(prefix_lens)} prefix={prefix_lens[0]} T={num_draft} H={num_heads} {mask}"
+    assert_matches_reference(*run_fp8(case), case.args(), what, **case.scales())
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "extra"),
+    [
+        ((200_000,), 16, 16, {}),
+        ((200_000, 0, 65), 64, 16, {"index_dtype": torch.int32}),
+        ((4097, 0, 65, 1), 7, 16, {"dtype": torch.float16}),
+        ((4097, 0, 65, 1), 7, 16, {"strided_v": False}),  # a separate bf16 v_extend
+        ((70_000,), 100, 32, {"mask": "chain"}),
+        ((0, 0, 0), 5, 8, {"mask": "causal"}),
+    ],
+    ids=["200k", "200k-ragged-T64-int32", "fp16-q", "separate-v-extend", "T100-70k", "no-prefix"],
+)
+def test_fp8_variants(prefix_lens, num_draft, num_heads, extra) -> None:
+    case = fp8_case(prefix_lens, num_draft, num_heads, seed=21, **extra)
+    what = f"fp8 {prefix_lens} T={num_draft} H={num_heads} {extra}"
+    assert_matches_reference(*run_fp8(case), case.args(), what, **case.scales())
+
+
+def test_fp8_scales_are_the_ones_applied() -> None:
+    """The same pool with the scales swapped gives another answer, far outside the bound."""
+    case = fp8_case((3000, 40), 8, 16, seed=4)
+    out, _ = run_fp8(case)
+    swapped = verify_attention(*case.args(), k_scale=1.25, v_scale=0.75)
+    ref = verify_attention_reference(*case.args(), **case.scales())
+    assert_close_bf16(out, ref, "fp8 scales")
+    assert float((swapped.float() - ref.float()).abs().max()) > 8 * 2**-7 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "mask"),
+    [((0,), 1, 8, "tree"), ((65, 0, 1000), 5, 12, "chain"), ((300, 7), 13, 16, "causal")],
+)
+def test_fp8_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, mask) -> None:
+    gpu = fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=3)
+    cpu = fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=3, device="cpu")
+    out_gpu, lse_gpu = run_fp8(gpu)
+    out_cpu, lse_cpu = verify_attention(*cpu.args(), return_lse=True, **cpu.scales())
+    assert_close_bf16(out_gpu.cpu(), out_cpu, "fp8 CUDA vs CPU op")
+    assert_lse_close(lse_gpu.cpu(), lse_cpu, "fp8 CUDA vs CPU op")
+
+
+@pytest.mark.parametrize("splits", ["planned", "one"])
+def test_fp8_late_score_jumps_move_the_running_max(splits: str) -> None:
+    case = fp8_case((4097, 300), 8, 16, mask="tree", seed=11)
+    boost_prefix_keys(case, {5: 60.0, 1500: 80.0, 3000: 160.0, 4000: 320.0})
+    plan = make_plan(
+        2, 16, 16, "cuda", **({"target_ctas": 1, "max_splits": 1} if splits == "one" else {})
+    )
+    plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
+    out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
+    verify_attention_cuda(*case.args(), False, out, lse, plan=plan, **case.scales())
+    torch.cuda.synchronize()
+    assert_matches_reference(out, lse, case.args(), f"fp8 score jumps, {splits}", **case.scales())
+
+
+def relative_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+TRITON_FP8_BOUND = 0.1
+"""Relative Frobenius distance to SGLang's Triton fp8 path, which rounds P to e4m3 (<= 2^-4 per
+weight; q is made e4m3-exact, so its rounding of q costs nothing)."""
+
+
+@pytest.mark.parametrize(
+    ("prefix_lens", "num_draft", "num_heads", "mask"),
+    [c for c in SWEEP if sum(c[0]) <= 40000][::2],
+)
+def test_fp8_against_sglang_triton_fp8(prefix_lens, num_draft, num_heads, mask) -> None:
+    """SGLang's own extend_attention_fwd with the fp8 pool and the same k/v descales: the kernel
+    is within TRITON_FP8_BOUND of it, and the bound rejects the kernel run with swapped scales."""
+    extend = _sglang_extend()
+    case = fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=9, fp8_exact_q=True)
+    out, _ = run_fp8(case)
+    theirs = extend(*case.args(), max_draft_tokens=num_draft, **case.scales())
+    torch.cuda.synchronize()
+    assert torch.isfinite(theirs).all()
+    what = f"fp8 vs SGLang Triton fp8 {prefix_lens[:2]} T={num_draft} H={num_heads} {mask}"
+    distance = relative_distance(out, theirs)
+    exact = relative_distance(verify_attention_reference(*case.args(), **case.scales()), theirs)
+    assert distance <= TRITON_FP8_BOUND, (
+        f"{what}: relative distance {distance:.3g} (the float32 reference's: {exact:.3g})"
+    )
+    if prefix_lens[0] >= 64:  # a prefix that dominates: swapped scales must show
+        swapped = verify_attention(*case.args(), k_scale=1.25, v_scale=0.75)
+        assert relative_distance(swapped, theirs) > TRITON_FP8_BOUND, f"{what}: bound too loose"
+
+
+def test_fp8_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
+    batch, num_draft, num_heads, max_prefix = 4, 8, 16, 5000
+    static = _static_inputs(batch, num_draft, num_heads, max_prefix)
+    static["k_buffer"] = static["k_buffer"].to(FP8)
+    plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+
+    def step() -> None:
+        plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
+        verify_attention_cuda(
+            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
+            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
+            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
+            static["out"], static["lse"], plan=plan, **FP8_SCALES,
+        )  # fmt: skip
+
+    def captured_shape_case(prefix_lens, seed, mask="tree") -> VerifyCase:
+        return fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=seed, sm_scale=0.1352)
+
+    first = captured_shape_case((100, 5000, 0, 33), seed=1)
+    _load_case(static, first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for i, case in enumerate(
+        [first, captured_shape_case((4999, 1, 64, 2048), seed=2),
+         captured_shape_case((0, 0, 0, 0), seed=3),
+         captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain")]
+    ):  # fmt: skip
+        _load_case(static, case)
+        static["out"].zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_out, eager_lse = run_fp8(case)
+        assert torch.equal(static["out"], eager_out), f"fp8 replay {i}: graph output != eager"
+        assert torch.equal(static["lse"], eager_lse), f"fp8 replay {i}: graph lse != eager"
+        ref_out = verify_attention_reference(*case.args(), **case.scales())
+        assert_close_bf16(static["out"], ref_out, f"fp8 replay {i} vs reference")

@@ -2,9 +2,11 @@
 
 It sits in front of a real engine server and can (a) delay the first ``slow_first`` requests
 it sees for each distinct /generate body by ``delay_s`` seconds -- a slow server, as the
-sidecar's timeout sees it --, answer 503 to the first ``unavailable_first`` ones, (b) call ``on_generate(n)`` before forwarding the n-th /generate
-request (a test kills the real upstream there: the server dies with work outstanding), and
-(c) be pointed at a different upstream while running (a restarted server). When the upstream
+sidecar's timeout sees it --, answer 503 to the first ``unavailable_first`` ones, (b) call
+``on_generate(n)`` before forwarding the n-th /generate request (a test kills the real upstream
+there: the server dies with work outstanding), (c) be pointed at a different upstream while
+running (a restarted server), and (d) answer a request itself with the HTTP status that
+``respond(path, body)`` returns (None forwards it): a broken server, or one failing one prompt. When the upstream
 cannot be reached it closes the client's connection without an answer, which is what a dead
 server looks like to a client.
 """
@@ -27,9 +29,11 @@ class ForwardingProxy:
         slow_first: int = 0,
         unavailable_first: int = 0,
         on_generate: Callable[[int], None] | None = None,
+        respond: Callable[[str, bytes], int | None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.on_generate = on_generate
+        self.respond = respond
         self.unavailable_first = unavailable_first
         self.delay_s = delay_s
         self.slow_first = slow_first
@@ -82,6 +86,16 @@ class ForwardingProxy:
                     name, _, value = line.decode().partition(":")
                     headers[name.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                status = self.respond(path, body) if self.respond is not None else None
+                if status is not None:
+                    answer = b'{"error": {"message": "answered by the test proxy"}}'
+                    writer.write(
+                        f"HTTP/1.1 {status} Test\r\ncontent-type: application/json\r\n"
+                        f"content-length: {len(answer)}\r\n\r\n".encode()
+                        + answer
+                    )
+                    await writer.drain()
+                    continue
                 if path == "/generate":
                     self.generate_bodies[body] += 1
                     if self.on_generate is not None:

@@ -1,9 +1,14 @@
-"""Inputs shared by the parity sidecar's integration tests: a small corpus and a strict policy."""
+"""Shared by the parity sidecar's integration tests: a small corpus and a strict policy, the CLI
+as a subprocess, a run's only report, and the pid listening on a server's port."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import yaml
 
 from kdtree_parity.corpus import load_corpus
@@ -48,3 +53,30 @@ def write_inputs(
     policy.write_text(text)
     parse_policy(text)  # a typo in a test policy should fail here, not as a verdict
     return corpus, policy
+
+
+def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``kdtree-parity ARGS`` in a subprocess; stdout and stderr kept apart."""
+    return subprocess.run(
+        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def only_report(out: Path) -> dict:
+    reports = list(out.glob("*/report.json"))
+    assert len(reports) == 1, reports
+    return json.loads(reports[0].read_text())
+
+
+def listener_pid(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    pids = {
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
+    assert len(pids) == 1, pids
+    return pids.pop()

@@ -206,6 +206,60 @@ def test_invalid_json_is_400(client: httpx.Client) -> None:
     assert "not valid JSON" in resp.json()["error"]["message"]
 
 
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"[" * DEEP + b"]" * DEEP, id="deep-list"),
+        pytest.param(b'{"a":' * DEEP + b"1" + b"}" * DEEP, id="deep-object"),
+        pytest.param(
+            b'{"text": "x", "sampling_params": {"custom_params": '
+            + b"[" * DEEP
+            + b"]" * DEEP
+            + b"}}",
+            id="deep-inside-a-field",
+        ),
+        pytest.param(b'{"text": "\xff"}', id="not-utf8"),
+        pytest.param(b"null", id="null"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_malformed_bodies_are_4xx_json(client: httpx.Client, path: str, raw: bytes) -> None:
+    resp = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert 400 <= resp.status_code < 500, resp.text[:300]
+    assert resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/generate", {"text": "x", "sampling_params": {"temperature": 1, "max_new_tokens": 2,
+                                                        "sampling_seed": 10**30}}),
+        ("/v1/completions", {"prompt": "x", "temperature": 1, "max_tokens": 2, "seed": 10**30}),
+    ],
+)  # fmt: skip
+def test_a_seed_out_of_torch_range_is_400(client: httpx.Client, path: str, body: dict) -> None:
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400 and "sampling_seed" in resp.json()["error"]["message"]
+
+
+def test_requests_total_counts_every_answer_by_status(client: httpx.Client) -> None:
+    def count(status: int) -> float:
+        key = f'kdtree_engine_requests_total{{attention="op",status="{status}"}}'
+        for line in client.get("/metrics").text.splitlines():
+            if line.startswith(key + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    ok_before, bad_before = count(200), count(400)
+    _generate(client, text="counted", sampling_params={**GREEDY, "max_new_tokens": 2})
+    client.post("/generate", json={"text": 5})
+    client.post("/v1/completions", content=b"[" * DEEP + b"]" * DEEP)
+    assert (count(200) - ok_before, count(400) - bad_before) == (1.0, 2.0)
+
+
 def test_stream_is_cumulative_sse(client: httpx.Client) -> None:
     chunks = []
     with client.stream("POST", "/generate", json={"text": "stream me", "stream": True,

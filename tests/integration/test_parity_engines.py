@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import write_inputs
+from parity_support import listener_pid, only_report, run_cli, write_inputs
 from PIL import Image
 
 from kdtree_parity.corpus import parse_corpus
@@ -33,32 +32,6 @@ from kdtree_parity.runner import Targets, execute_run, start_run
 from kdtree_parity.store import Store
 
 pytestmark = pytest.mark.slow
-
-
-def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def only_report(out: Path) -> dict:
-    reports = list(out.glob("*/report.json"))
-    assert len(reports) == 1, reports
-    return json.loads(reports[0].read_text())
-
-
-def listener_pid(url: str) -> int:
-    port = int(url.rsplit(":", 1)[1])
-    pids = {
-        c.pid
-        for c in psutil.net_connections("tcp")
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-    }
-    assert len(pids) == 1, pids
-    return pids.pop()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +48,7 @@ def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) ->
                    "--policy", policy, "--out", out, "--db", db, "--no-progress",
                    "--baseline-image", "sha256:base", "--candidate-image", "sha256:cand")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "verdict: PASS" in done.stderr
+    assert "verdict: PASS" in done.stdout
     report = only_report(out)
     assert report["verdict"]["status"] == "pass" and report["run"]["status"] == "passed"
     s = report["summary"]
@@ -298,3 +271,26 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         store.close()
     finally:
         proxy.close()
+
+
+def test_shipped_short_policy_fails_a_perturbation_on_drift_alone_and_passes_the_op(
+    shared_pair: tuple[str, str], reference_server, tmp_path: Path
+) -> None:
+    """The policy as shipped, on its corpus: A/A drift is exactly 0, so its drift threshold sits
+    between the verify op's float32 rounding (KDTREE_VERIFY=on) and a 0.1% change of a layer."""
+    baseline, _ = shared_pair
+    op = reference_server(env={"KDTREE_VERIFY": "on"})
+    perturbed = reference_server(fault_layer=1, fault_scale=1.001)
+    verdicts, why = {}, {}
+    for name, candidate in (("op", op), ("perturbed", perturbed)):
+        out = tmp_path / name
+        done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus",
+                       "short", "--policy", "short", "--out", out, "--db",
+                       tmp_path / "runs.sqlite3", "--no-progress")  # fmt: skip
+        report = only_report(out)
+        why[name] = (report["verdict"]["reasons"], report["summary"], done.stderr[-2000:])
+        assert report["summary"]["aa"]["drift"]["max"] == 0.0, why[name]
+        assert report["summary"]["candidate"]["hard"] == 0, why[name]
+        failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
+        verdicts[name] = (done.returncode, failing)
+    assert verdicts == {"op": (0, []), "perturbed": (1, ["logprob_drift_p99"])}, why

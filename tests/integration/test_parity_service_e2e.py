@@ -3,17 +3,14 @@ against real reference-engine servers: auth, one run at a time, progress, report
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from parity_service_proc import ParityService
 from parity_support import write_inputs
 
-from kdtree_inference.engine.launch import free_port
 from kdtree_parity.report import build_report
 from kdtree_parity.report.schema import Report
 from kdtree_parity.store import Store
@@ -26,9 +23,7 @@ TOKEN = "integration-token"
 def parity_service(reference_server, tmp_path: Path):
     baseline, candidate = reference_server(), reference_server()
     corpus, policy = write_inputs(tmp_path, 6)
-    port = free_port()
     env = {
-        **os.environ,
         "KDTREE_PARITY_TOKEN": TOKEN,
         "KDTREE_PARITY_BASELINE_URL": baseline,
         "KDTREE_PARITY_CANDIDATE_URL": candidate,
@@ -37,31 +32,12 @@ def parity_service(reference_server, tmp_path: Path):
         "KDTREE_PARITY_DB": str(tmp_path / "runs.sqlite3"),
         "KDTREE_PARITY_OUT": str(tmp_path / "out"),
     }
-    log = (tmp_path / "service.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kdtree_parity.cli", "serve", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    service = ParityService(env, tmp_path / "service.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "service.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "parity service did not start"
-            time.sleep(0.2)
-        yield url, tmp_path, proc
+        service.wait()
+        yield service.url, tmp_path, service.proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=20)
-        log.close()
+        service.stop()
 
 
 def test_service_runs_the_gate_for_its_configured_pair(parity_service) -> None:

@@ -48,12 +48,25 @@ SCRIPT = textwrap.dedent(
         runner = testing.make_model_runner(num_heads=2, num_draft=3, num_layers=1)
         with runner._server_args_override, testing.sglang_cpu_context():
             backend = ATTENTION_BACKENDS["triton"](runner)
+        # EAGLE's draft-extend backend, as DraftBackendFactory builds it for "triton".
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+        draft_runner = testing.make_model_runner(
+            num_heads=2, num_draft=3, num_layers=1, is_draft_worker=True
+        )
+        make_draft = DraftBackendFactory._create_triton_prefill_backend
+        with draft_runner._server_args_override, testing.sglang_cpu_context():
+            stamp, draft = make_draft(SimpleNamespace(draft_model_runner=draft_runner))
         queue.put(
             {
                 "entry": registry_entry(),
                 "subclass": issubclass(KdtreeTritonAttnBackend, TritonAttnBackend),
                 "guard": guard,
                 "built": type(backend).__name__,
+                "draft_factory": f"{make_draft.__module__}.{make_draft.__name__}",
+                "draft_built": [stamp, type(draft).__name__],
+                "draft_role": getattr(draft, "kdtree_role", None),
+                "draft_active": getattr(draft, "kdtree_active", None),
                 "mode": (
                     backend.kdtree_settings.mode.value
                     if hasattr(backend, "kdtree_settings")
@@ -90,6 +103,7 @@ SCRIPT = textwrap.dedent(
 
 OURS = "kdtree_inference.sglang.plugin.create_kdtree_triton_backend"
 STOCK = "sglang.srt.layers.attention.attention_registry.create_triton_backend"
+DRAFT_OURS = "kdtree_inference.sglang.plugin._create_kdtree_draft_extend_backend"
 
 
 def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
@@ -115,7 +129,12 @@ def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
     assert default["guard"] and "Cross attention is not supported" in default["guard"]
     assert default["child_exit"] == 0
     assert default["built"] == "KdtreeTritonAttnBackend" and default["mode"] == "validate"
+    # EAGLE's draft extend: SGLang builds it by class, and the plugin replaces that factory too.
+    assert default["draft_factory"] == DRAFT_OURS
+    assert default["draft_built"] == ["triton", "KdtreeTritonAttnBackend"]
+    assert (default["draft_role"], default["draft_active"]) == ("draft_extend", True)
     # SGLANG_PLUGINS without "kdtree_verify": SGLang's own factory stays.
     assert results["whitelist"]["entry"] == STOCK
     assert results["whitelist"]["built"] == "TritonAttnBackend"
+    assert results["whitelist"]["draft_built"] == ["triton", "TritonAttnBackend"]
     assert results["whitelist"]["child_exit"] == 0

@@ -1,7 +1,7 @@
 """bench/ab_kernels.sh's dev-machine half: ``prepare`` copies kernel/ at a git ref into ab/<name>,
 ``with`` runs a command against one variant's package, and ``run`` refuses clearly when there is
-nothing to compare (its GPU half runs on the GPU machine; its results are under
-bench/results/gpu_run1[2-7]*)."""
+nothing to compare (its GPU half runs on the GPU machine; docs/kernel-journal.md lists the runs
+that used it)."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ def test_parse_region() -> None:
 @pytest.mark.parametrize(
     ("run", "csv_name", "regions", "whole", "per_region"),
     [
-        # bench/README.md's figures for the warp-specialized branch (runs 20 and 22)
+        # docs/kernel.md's figures for the warp-specialized branch (runs 20 and 22)
         ("gpu_run20_ws_profile/run20.tgz", "run20/sass_ws.csv",
          [("pv", 540, 962), ("softmax", 2470, 2800)], 5.23, [5.62, 4.82]),
         ("gpu_run22_ws_unrolled/run22.tgz", "run22/sass_wsu.csv",

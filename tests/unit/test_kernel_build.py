@@ -21,6 +21,8 @@ KERNELS = {
     "plan_kernel",
     "attention_kernel<bf16>",
     "attention_kernel<fp16>",
+    "attention_kernel<bf16,fp8kv>",  # an fp8 (float8_e4m3fn) KV pool
+    "attention_kernel<fp16,fp8kv>",
     # the combine in both batch sizes (kCombineBatchNarrow, kCombineBatchWide); the host picks one
     "combine_kernel<bf16,4>",
     "combine_kernel<fp16,4>",
@@ -89,7 +91,8 @@ def test_short_names_keep_template_arguments_apart() -> None:
     names = [
         ("14combine_kernelI13__nv_bfloat16Li4EEEvNS_12VerifyParamsE", "combine_kernel<bf16,4>"),
         ("14combine_kernelI6__halfLi9EEEvNS_12VerifyParamsE", "combine_kernel<fp16,9>"),
-        ("16attention_kernelI13__nv_bfloat16EEvNS_12VerifyParamsE", "attention_kernel<bf16>"),
+        ("16attention_kernelI13__nv_bfloat16Lb0EEEvNS_12VerifyParamsE", "attention_kernel<bf16>"),
+        ("16attention_kernelI6__halfLb1EEEvNS_12VerifyParamsE", "attention_kernel<fp16,fp8kv>"),
         ("11plan_kernelENS_12VerifyParamsE", "plan_kernel"),
     ]
     for mangled, short in names:

@@ -10,7 +10,7 @@ from kdtree_verify.testing import boost_prefix_keys, make_case
 
 def test_op_is_registered_and_passes_torch_opcheck():
     case = make_case([0, 9, 40], 4, 3, seed=1)
-    args = (*case.args(), 16)
+    args = (*case.args(), 16, 1.0, 1.0)
     torch.library.opcheck(torch.ops.kdtree.verify_attention.default, args)
 
 
@@ -18,7 +18,7 @@ def test_fake_implementation_gives_shapes_without_computing():
     case = make_case([3, 5], 4, 7, dtype=torch.bfloat16, seed=1)
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in case.args()]
-        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256)
+        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256, 1.0, 1.0)
     assert out.shape == (8, 7, 512) and out.dtype == torch.bfloat16
     assert lse.shape == (8, 7) and lse.dtype == torch.float32
 
@@ -74,3 +74,76 @@ def test_cpu_op_follows_late_score_jumps_and_an_early_spike():
     out, lse = verify_attention(*case.args(), return_lse=True, chunk_size=64)
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
     torch.testing.assert_close(lse, ref_lse, atol=3e-5, rtol=1e-5)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_fp8_op_passes_torch_opcheck():
+    case = make_case([0, 9, 40], 4, 3, seed=1, kv_dtype=FP8, k_scale=0.5, v_scale=2.0)
+    args = (*case.args(), 16, case.k_scale, case.v_scale)
+    # test_schema compares inputs before and after with an arithmetic op that fp8 CPU tensors
+    # lack; the fake-tensor and autograd-registration checks run.
+    torch.library.opcheck(
+        torch.ops.kdtree.verify_attention.default,
+        args,
+        test_utils=("test_faketensor", "test_autograd_registration"),
+    )
+
+
+def test_fp8_pool_is_stored_as_sglang_stores_it():
+    """K / k_scale rounded to e4m3, V its first 512 columns, the draft tokens' slots included."""
+    case = make_case([30, 7], 4, 2, seed=2, kv_dtype=FP8, k_scale=0.5, v_scale=2.0)
+    assert case.k_buffer.dtype == FP8 and case.v_buffer.dtype == FP8
+    assert case.v_buffer.data_ptr() == case.k_buffer.data_ptr()
+    assert case.k_extend.dtype == torch.float32
+    stored = case.k_buffer[case.out_cache_loc].float()
+    torch.testing.assert_close(stored, (case.k_extend / 0.5).to(FP8).float(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 64, 4096])
+@pytest.mark.parametrize("mask", ["tree", "chain", "causal"])
+def test_fp8_cpu_op_equals_reference_on_dequantized_values(chunk_size, mask):
+    """In float32 the specification's only departure from the reference is where the scales go
+    (k_scale on the scores, v_scale on P, not on the stored operands): a float32 rounding."""
+    case = make_case([0, 1, 63, 65, 130], 5, 4, mask=mask, seed=4, kv_dtype=FP8, k_scale=0.75,
+                     v_scale=1.25)  # fmt: skip
+    ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True, **case.scales())
+    out, lse = verify_attention(
+        *case.args(), return_lse=True, chunk_size=chunk_size, **case.scales()
+    )
+    # (the dequantized values are ~1.7x the bf16 cases', and chunk 1 merges ~130 partials)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-6)
+
+
+def test_fp8_scales_act_on_the_prefix_only():
+    """Against a hand computation: prefix keys and values dequantized with their own scales, the
+    draft tokens' bf16-path KV unscaled. Swapping the two scales changes the answer."""
+    case = make_case([9], 3, 2, mask="causal", seed=6, kv_dtype=FP8, k_scale=0.5, v_scale=4.0)
+    q = case.q.float()
+    prefix = case.kv_indices.long()
+    keys = torch.cat([case.k_buffer[prefix, 0].float() * 0.5, case.k_extend[:, 0]])
+    values = torch.cat([case.v_buffer[prefix, 0].float() * 4.0, case.v_extend[:, 0]])
+    scores = torch.einsum("nhd,kd->nhk", q, keys) * case.sm_scale
+    visible = torch.ones(3, 12, dtype=torch.bool)
+    visible[:, 9:] = torch.ones(3, 3, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    expected = torch.einsum("nhk,kd->nhd", scores.softmax(-1), values)
+    out = verify_attention(*case.args(), **case.scales())
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    swapped = verify_attention(*case.args(), k_scale=4.0, v_scale=0.5)
+    assert float((swapped - expected).abs().max()) > 0.5
+
+
+def test_fp8_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
+    """The kernel's numerics with an fp8 pool: the dequantized values are exact in bf16, so the
+    bound is the bf16 path's (P x v_scale and the output rounded to bf16)."""
+    from kdtree_verify.testing import assert_close_bf16
+
+    case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5,
+                     kv_dtype=FP8, k_scale=0.8, v_scale=1.5)  # fmt: skip
+    ref = verify_attention_reference(*case.args(), **case.scales())
+    out = verify_attention(*case.args(), **case.scales())
+    assert out.dtype == torch.bfloat16
+    assert_close_bf16(out, ref, "fp8 pool, bf16 CPU op")

@@ -129,3 +129,40 @@ def test_transport_errors_are_undecided_and_refusals_fail() -> None:
 def test_too_few_compared_prompts_is_undecided() -> None:
     verdict = decide(summarize([exact("p0"), exact("p1")], 2), GATE)
     assert verdict.status == "error" and outcome_of(verdict, "min_prompts") == "undecided"
+
+
+def test_candidate_errors_fail_even_when_other_rules_are_undecided() -> None:
+    """A candidate that answers with errors is broken: too few compared prompts, a run cut
+    short or a failing baseline elsewhere do not turn its failure into "could not decide"."""
+    g = ok(generation([1, 2]))
+    one_500 = [result("x", g, failed("http", 500))] + [exact(f"p{i}") for i in range(4)]
+    strict = GATE.model_copy(update={"min_prompts": 5})  # the whole corpus
+    verdict = decide(summarize(one_500, 5), strict)
+    assert outcome_of(verdict, "min_prompts") == "undecided"
+    assert verdict.status == "fail" and outcome_of(verdict, "candidate_errors") == "fail"
+
+    all_404 = [result(f"p{i}", g, failed("http", 404)) for i in range(5)]
+    verdict = decide(summarize(all_404, 5), strict, aborted_because="baseline went away")
+    assert outcome_of(verdict, "complete") == "undecided"
+    assert verdict.status == "fail" and "5 candidate request(s)" in next(
+        r.message for r in verdict.reasons if r.rule == "candidate_errors"
+    )
+
+    # A refused health check counts as a candidate error with nothing replayed at all.
+    verdict = decide(summarize([], 5), GATE, candidate_refused="HTTP 404 on /health")
+    assert verdict.status == "fail" and "HTTP 404 on /health" in next(
+        r.message for r in verdict.reasons if r.rule == "candidate_errors"
+    )
+
+
+def test_nothing_compared_is_undecided_not_a_rate_of_zero() -> None:
+    g = ok(generation([1, 2]))
+    base_down = [result(f"p{i}", failed("http", 500), g) for i in range(4)]
+    verdict = decide(summarize(base_down, 4), GATE)
+    assert verdict.status == "error"
+    for rule in ("exact_match_rate", "excess_divergence_rate", "logprob_drift_p99"):
+        reason = next(r for r in verdict.reasons if r.rule == rule)
+        assert reason.outcome == "undecided" and reason.message == (
+            "no prompt was compared on every target"
+        )
+    assert not any("(0/0)" in r.message for r in verdict.reasons)

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kdtree_parity.runner import Targets
-from kdtree_parity.service import ServiceSettings, create_app, load_pairs
+from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app, load_pairs
 
 TOKEN = "s3cret-token"
 
@@ -71,9 +71,14 @@ def test_bad_requests_are_named(client: TestClient) -> None:
 
 def test_a_corpus_too_small_for_the_policy_is_refused(tmp_path: Path) -> None:
     config = settings(tmp_path)
-    config = ServiceSettings(**{**config.__dict__, "policy": "default"})  # needs 200 prompts
+    small = ServiceSettings(**{**config.__dict__, "policy": "default"})  # needs 200 prompts
+    with pytest.raises(ConfigurationError, match="needs 200"):
+        create_app(small)  # the configured corpus: refused before the service starts
+    config = ServiceSettings(**{**config.__dict__, "corpus": "default", "policy": "default"})
     with TestClient(create_app(config)) as c:
-        resp = c.post("/runs", json={}, headers={"Authorization": f"Bearer {TOKEN}"})
+        resp = c.post(
+            "/runs", json={"corpus": "short"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
         assert resp.status_code == 400 and "needs 200" in resp.json()["detail"]
         assert c.get("/runs").json() == []
 

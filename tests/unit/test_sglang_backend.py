@@ -64,7 +64,14 @@ def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
 class Pair:
     """A stock TritonAttnBackend and ours, over identical pools, fed identical batches."""
 
-    def __init__(self, settings: VerifySettings, mask: str = "tree", **runner_kwargs):
+    def __init__(
+        self,
+        settings: VerifySettings,
+        mask: str = "tree",
+        forward: str = "target_verify",
+        **runner_kwargs,
+    ):
+        self.forward = forward
         self.registry = CollectorRegistry()
         self.stock_runner = make_runner(**runner_kwargs)
         self.ours_runner = make_runner(**runner_kwargs)
@@ -74,11 +81,13 @@ class Pair:
         self.layers = {i: testing.make_layer(i, HEADS) for i in LAYERS}
 
     def batches(self, prefixes=PREFIXES, seed: int = 1):
-        make = testing.make_verify_batch
-        return (
-            make(self.stock_runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed),
-            make(self.ours_runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed),
-        )
+        def make(runner):
+            return testing.make_verify_batch(
+                runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed,
+                forward=self.forward,
+            )  # fmt: skip
+
+        return make(self.stock_runner), make(self.ours_runner)
 
     def eager_step(self, prefixes=PREFIXES, seed: int = 1, layers=None):
         stock_batch, ours_batch = self.batches(prefixes, seed)
@@ -130,6 +139,7 @@ def test_on_serves_the_kernel_and_matches_stock(mask):
     assert pair.pools_equal()
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == len(LAYERS)
     assert metric(pair.registry, "kdtree_verify_steps_total") == 1
+    assert metric(pair.registry, "kdtree_verify_graph_replays_total") == 0
     assert metric(pair.registry, "kdtree_verify_mode", mode="on") == 1
 
 
@@ -234,7 +244,7 @@ def test_sinks_fall_back_to_stock_and_are_counted():
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"layer": {"k_scale": torch.tensor(1.0)}}, "fp8_kv"),
+        ({"layer": {"k_scale": torch.tensor(1.0)}}, "kv_scale"),  # scaled, not an fp8 pool
         ({"layer": {"sliding_window_size": 128}}, "sliding_window"),
         ({"layer": {"logit_cap": 50.0}}, "logit_cap"),
         ({"layer": {"is_cross_attention": True}}, "non_causal"),
@@ -243,7 +253,7 @@ def test_sinks_fall_back_to_stock_and_are_counted():
         ({"backend": {"dcp_size": 2}}, "dcp"),
         ({"backend": {"use_mla": False}}, "non_mla"),
         ({"backend": {"use_sliding_window_kv_pool": True}}, "sliding_window"),
-        ({"q_dtype": torch.bfloat16}, "fp8_kv"),  # a float32 pool read by bf16 q: KV dtype differs
+        ({"q_dtype": torch.bfloat16}, "kv_dtype"),  # a float32 pool read by bf16 q
         ({}, None),
     ],
 )
@@ -269,10 +279,13 @@ def test_forwards_other_than_target_verify_are_the_parents():
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
 
 
-def test_draft_runner_stays_stock_in_on_mode():
-    backend = make_ours(make_runner(is_draft_worker=True), VerifySettings(mode=VerifyMode.ON))
-    assert not backend.kdtree_active
-    assert backend.kdtree_recorder is None and backend.kdtree_shadow_gate is None
+def test_draft_runner_serves_draft_extend_unless_switched_off():
+    runner = make_runner(is_draft_worker=True)
+    backend = make_ours(runner, VerifySettings(mode=VerifyMode.ON))
+    assert (backend.kdtree_role, backend.kdtree_active) == ("draft_extend", True)
+    stock = make_ours(runner, VerifySettings(mode=VerifyMode.ON, draft_extend=False))
+    assert not stock.kdtree_active
+    assert stock.kdtree_recorder is None and stock.kdtree_shadow_gate is None
 
 
 class GraphPair(Pair):
@@ -320,6 +333,7 @@ def test_graph_capture_references_sglang_static_buffers_and_replay_counts_routes
     for seed in (2, 3):
         pair.replay_metadata([9, 4], seed)
     assert metric(pair.registry, "kdtree_verify_steps_total") == 2
+    assert metric(pair.registry, "kdtree_verify_graph_replays_total") == 2
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 2
     assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="logit_cap") == 2
 
@@ -381,3 +395,88 @@ def test_deterministic_inference_is_served_and_shadowed_against_the_unified_kern
     pair.ours.kdtree_flush()
     assert metric(pair.registry, "kdtree_verify_compared_elements_total") == ELEMENTS_PER_LAYER
     assert 0 < metric(pair.registry, "kdtree_verify_max_abs_error", layer="0") < 2e-5
+
+
+# ----------------------------------------------------------------- EAGLE's draft extend
+
+
+def draft_pair(mode: VerifyMode, **settings) -> Pair:
+    return Pair(VerifySettings(mode=mode, **settings), forward="draft_extend", is_draft_worker=True)
+
+
+def test_draft_extend_on_serves_the_kernel_and_matches_stock():
+    pair = draft_pair(VerifyMode.ON)
+    for stock, ours in pair.eager_step():
+        assert not torch.equal(ours, stock), "on must serve the kernel's result, not Triton's"
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    assert pair.pools_equal()
+    assert metric(pair.registry, "kdtree_draft_extend_steps_total") == 1
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
+    # Draft-extend forwards never count as target-verify steps.
+    assert metric(pair.registry, "kdtree_verify_steps_total") == 0
+
+
+def test_draft_extend_validate_serves_stock_and_measures():
+    pair = draft_pair(VerifyMode.VALIDATE, validate_every=1)
+    for stock, ours in pair.eager_step():
+        assert torch.equal(ours, stock)
+    pair.ours.kdtree_flush()
+    assert metric(pair.registry, "kdtree_draft_extend_compared_elements_total") == (
+        len(LAYERS) * ELEMENTS_PER_LAYER
+    )
+    assert metric(pair.registry, "kdtree_draft_extend_over_tolerance_total", layer="0") == 0
+
+
+def test_draft_extend_stays_stock_with_the_switch_off_or_on_a_target_verify_forward():
+    pair = draft_pair(VerifyMode.ON, draft_extend=False)
+    for stock, ours in pair.eager_step():
+        assert torch.equal(ours, stock)
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == 0
+    # A draft runner's backend never takes a target-verify forward, whatever the switch says.
+    pair = Pair(VerifySettings(mode=VerifyMode.ON), is_draft_worker=True)
+    for stock, ours in pair.eager_step():
+        assert torch.equal(ours, stock)
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == 0
+
+
+def test_target_runner_leaves_draft_extend_forwards_stock():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON), forward="draft_extend")
+    for stock, ours in pair.eager_step():
+        assert torch.equal(ours, stock)
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
+
+
+def test_draft_extend_graph_capture_and_replay_match_stock():
+    pair = GraphPair(
+        VerifySettings(mode=VerifyMode.ON), forward="draft_extend", is_draft_worker=True
+    )
+    assert pair.ours.num_draft_tokens == DRAFT
+    stock_batch, ours_batch = pair.capture()
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    assert metric(pair.registry, "kdtree_draft_extend_steps_total") == 0  # capture is not a step
+    # A replay counts the captured graph's kernel calls, then runs on the refreshed buffers.
+    stock_batch, ours_batch = pair.replay_metadata([11, 6], seed=5)
+    assert metric(pair.registry, "kdtree_draft_extend_graph_replays_total") == 1
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+
+
+def test_graph_replay_keys_on_batch_size_not_the_length_of_a_padded_buffer():
+    """SGLang's draft-extend graph runner replays with its whole req_pool_indices buffer (all
+    max_bs rows) and batch_size = the graph's batch: the plan of that graph must be refreshed."""
+    pair = GraphPair(
+        VerifySettings(mode=VerifyMode.ON), forward="draft_extend", is_draft_worker=True
+    )
+    captured = pair.capture()
+    pair.run_layers(*captured, pair.layers)  # the captured graph's layer calls
+    stock_batch, ours_batch = pair.batches([11, 6], seed=5)
+    for batch in (stock_batch, ours_batch):
+        rows = batch.forward_batch.req_pool_indices
+        batch.forward_batch.req_pool_indices = torch.cat([rows, rows.new_zeros(2)])
+    pair.stock.init_forward_metadata_out_graph(stock_batch.forward_batch)
+    pair.ours.init_forward_metadata_out_graph(ours_batch.forward_batch)
+    assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)

@@ -56,3 +56,12 @@ def test_bad_values_are_refused_by_name(env, named):
     with pytest.raises(SettingsError) as error:
         VerifySettings.from_env(env)
     assert named in str(error.value)
+
+
+def test_draft_extend_switch_reads_on_and_off_and_refuses_the_rest():
+    assert VerifySettings.from_env({}).draft_extend is True
+    assert VerifySettings.from_env({"KDTREE_DRAFT_EXTEND": "OFF"}).draft_extend is False
+    with pytest.raises(SettingsError, match="KDTREE_DRAFT_EXTEND"):
+        VerifySettings.from_env({"KDTREE_DRAFT_EXTEND": "maybe"})
+    described = VerifySettings.from_env({"KDTREE_VERIFY": "on", "KDTREE_DRAFT_EXTEND": "off"})
+    assert "draft extend on Triton" in described.describe()

@@ -85,6 +85,7 @@ def test_metrics_reach_a_multiprocess_collector(tmp_path):
 
         t = VerifyTelemetry(VerifySettings(VerifyMode.ON, shadow_every=4), tp_rank=1)
         t.verify_steps(5)
+        t.verify_steps(2, graph_replay=True)
         t.kernel_calls(61)
         t.fallbacks("fp8_kv", 2)
         t.publish(5, [LayerStats(7, 0.25, 0.01, 3, 1024)])
@@ -100,7 +101,8 @@ def test_metrics_reach_a_multiprocess_collector(tmp_path):
     def sample(name, **labels):
         return registry.get_sample_value(name, {"tp_rank": "1", **labels})
 
-    assert sample("kdtree_verify_steps_total") == 5
+    assert sample("kdtree_verify_steps_total") == 7
+    assert sample("kdtree_verify_graph_replays_total") == 2
     assert sample("kdtree_verify_kernel_calls_total") == 61
     assert sample("kdtree_verify_fallbacks_total", reason="fp8_kv") == 2
     assert sample("kdtree_verify_max_abs_error", layer="7") == 0.25

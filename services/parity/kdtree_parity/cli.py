@@ -1,7 +1,8 @@
 """``kdtree-parity``: run the gate, render a stored run's report, list runs, serve the service.
 
-Exit codes of ``run`` (and ``report``): 0 pass, 1 fail, 2 could not decide (errors, too few
-prompts, an interrupted run, bad input).
+Exit codes of ``run`` (and ``report``): 0 pass, 1 fail, 2 could not decide (the baseline side
+failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
+report's path go to stdout; progress, logs and errors to stderr.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import sys
+import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kdtree_parity.client import url_problem
 from kdtree_parity.config import env_default
 from kdtree_parity.corpus import CorpusError, load_corpus
 from kdtree_parity.policy import PolicyError, load_policy
@@ -28,6 +32,7 @@ from kdtree_parity.report import write_report_files as write_reports
 from kdtree_parity.report.schema import Report
 from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import (
+    IdentityChanged,
     ProgressCallback,
     Targets,
     corpus_too_small,
@@ -37,7 +42,8 @@ from kdtree_parity.runner import (
 from kdtree_parity.store import Store
 
 EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
-console = Console(stderr=True, soft_wrap=True)
+console = Console(stderr=True, soft_wrap=True)  # progress, logs, errors
+results = Console(soft_wrap=True)  # the verdict and where the report is: what a script reads
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -70,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--policy", default=env_default("POLICY"), help="YAML path or default|short")
     run.add_argument("--out", default=env_default("OUT"), help="reports go to OUT/RUN_ID/")
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or errored run")
+    run.add_argument(
+        "--accept-identity-change",
+        action="store_true",
+        help="resume even if a target is not the build the run started with (recorded in the "
+        "run and shown in its report)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_db(run)
 
@@ -97,39 +109,92 @@ def build_parser() -> argparse.ArgumentParser:
 def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
     v = report.verdict
     colour = {"pass": "green", "fail": "red", "error": "yellow"}[v.status]
-    console.print(f"[bold {colour}]verdict: {v.status.upper()}[/] (run {report.run.id})")
+    results.print(f"[bold {colour}]verdict: {v.status.upper()}[/] (run {report.run.id})")
     for r in v.reasons:
         mark = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "undecided": "[yellow]??[/]"}
-        console.print(f"  {mark[r.outcome]} {r.rule}: {r.message}", highlight=False)
+        results.print(f"  {mark[r.outcome]} {r.rule}: {r.message}", highlight=False)
+    for change in report.identity_changes:
+        results.print(
+            f"  [yellow]!![/] resumed against a changed {change.role} (accepted): "
+            + "; ".join(change.differences),
+            highlight=False,
+        )
     if paths:
-        console.print(f"report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
+        results.print(f"report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
+
+
+class _Refusal(Exception):
+    """A reason to stop before anything is replayed: one line on stderr, exit 2."""
+
+
+def _open_store(db: str) -> Store:
+    try:
+        store = Store(db)
+        store.check_writable()
+    except (OSError, sqlite3.Error) as exc:
+        raise _Refusal(f"cannot use the run database {db}: {exc}") from None
+    return store
+
+
+def _check_out_dir(out: str) -> Path:
+    """Reports must be writable before a whole corpus is replayed for them."""
+    path = Path(out).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise _Refusal(f"cannot write reports to {path}: {exc}") from None
+    return path
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    store = Store(args.db)
+    try:
+        return _run(args)
+    except _Refusal as exc:
+        console.print(f"[red]{exc}", highlight=False)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    images = {"baseline": args.baseline_image, "candidate": args.candidate_image}
+    if args.replica_image:
+        images["aa"] = args.replica_image
+    elif args.baseline_image and not args.replica:
+        images["aa"] = args.baseline_image
+    if not args.resume:
+        try:
+            corpus = load_corpus(args.corpus)
+            policy = load_policy(args.policy)
+        except (CorpusError, PolicyError) as exc:
+            raise _Refusal(str(exc)) from None
+        if not args.baseline or not args.candidate:
+            raise _Refusal("--baseline and --candidate are required")
+        for flag, url in (("--baseline", args.baseline), ("--candidate", args.candidate),
+                          ("--replica", args.replica)):  # fmt: skip
+            problem = url and url_problem(url)
+            if problem:
+                raise _Refusal(f"{flag}: {problem}")
+        too_small = corpus_too_small(corpus, policy)
+        if too_small:
+            raise _Refusal(too_small)
+        out_dir = _check_out_dir(args.out)
+    store = _open_store(args.db)
     try:
         if args.resume:
             try:
+                record = store.get_run(args.resume)
+            except KeyError:
+                raise _Refusal(f"cannot resume {args.resume}: no such run in {args.db}") from None
+            if record.out_dir:
+                _check_out_dir(record.out_dir)
+            try:
                 record = store.claim_for_resume(args.resume)
-            except (KeyError, ValueError) as exc:
-                console.print(f"[red]cannot resume {args.resume}: {exc}")
-                return 2
+            except ValueError as exc:
+                raise _Refusal(f"cannot resume {args.resume}: {exc}") from None
             run_id, total = record.id, record.prompts_total
             console.print(f"resuming run {run_id}: {record.prompts_ok}/{total} prompts done")
         else:
-            try:
-                corpus = load_corpus(args.corpus)
-                policy = load_policy(args.policy)
-            except (CorpusError, PolicyError) as exc:
-                console.print(f"[red]{exc}", highlight=False)
-                return 2
-            if not args.baseline or not args.candidate:
-                console.print("[red]--baseline and --candidate are required")
-                return 2
-            too_small = corpus_too_small(corpus, policy)
-            if too_small:
-                console.print(f"[red]{too_small}", highlight=False)
-                return 2
             run_id = start_run(
                 store,
                 corpus,
@@ -142,7 +207,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     args.candidate_image or None,
                     args.replica_image or None,
                 ),
-                out_dir=str(Path(args.out).resolve()),
+                out_dir=str(out_dir),
             )
             total = len(corpus)
             console.print(f"run {run_id}: {total} prompts, corpus {corpus.source}")
@@ -170,30 +235,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     f"errors {counts['errors']}",
                 )
 
+            run = _run_with_signals(store, run_id, progress, images, args.accept_identity_change)
             try:
-                asyncio.run(_run_with_signals(store, run_id, progress))
+                asyncio.run(run)
             except KeyboardInterrupt:
                 console.print("[yellow]interrupted: the run is recorded as interrupted (--resume)")
+            except IdentityChanged as exc:
+                raise _Refusal(f"resume refused: {exc}") from None
             except Exception as exc:  # recorded as an error run by execute_run; say why, exit 2
                 console.print(f"[red]run failed: {type(exc).__name__}: {exc}", highlight=False)
         record = store.get_run(run_id)
         paths = None
         if record.out_dir:
-            paths = write_reports(store, run_id, Path(record.out_dir))
+            paths = _report_paths(Path(record.out_dir) / run_id)
+            if paths is None:  # e.g. the out dir became unwritable; the run says so (error)
+                console.print(f"[red]no reports in {record.out_dir}: {record.error}")
         _print_verdict(build_report(store, run_id), paths)
         return EXIT[record.status]
     finally:
         store.close()
 
 
-async def _run_with_signals(store: Store, run_id: str, progress: ProgressCallback) -> None:
+def _report_paths(directory: Path) -> dict[str, Path] | None:
+    paths = {key: directory / f"report.{key}" for key in ("json", "html", "md")}
+    return paths if all(p.is_file() for p in paths.values()) else None
+
+
+async def _run_with_signals(
+    store: Store,
+    run_id: str,
+    progress: ProgressCallback,
+    images: dict[str, str | None],
+    accept_identity_change: bool,
+) -> None:
     """SIGTERM cancels the run like Ctrl-C, so it is recorded as interrupted, not left running."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        await execute_run(store, run_id, progress=progress, write_reports=False)
+        await execute_run(
+            store,
+            run_id,
+            progress=progress,
+            images={role: label for role, label in images.items() if label},
+            accept_identity_change=accept_identity_change,
+        )
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
 
@@ -253,10 +340,14 @@ def _cmd_schema(_: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn  # the service's imports are only paid for by `serve`
 
-    from kdtree_parity.service import ServiceSettings, create_app
+    from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app
 
-    settings = ServiceSettings.from_env(os.environ)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    try:
+        app = create_app(ServiceSettings.from_env(os.environ))
+    except ConfigurationError as exc:
+        console.print(f"[red]kdtree-parity serve: {exc}", highlight=False)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 

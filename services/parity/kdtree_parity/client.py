@@ -32,6 +32,30 @@ class TargetUnavailable(RuntimeError):
     """A target did not become healthy before the deadline."""
 
 
+class TargetRefused(TargetUnavailable):
+    """A target answered its health check with a client error (e.g. 404): it is up, and it is
+    not a server the gate can replay against. Waiting longer would change nothing."""
+
+    def __init__(self, message: str, target: TargetClient) -> None:
+        super().__init__(message)
+        self.target = target
+
+
+# Health answers that mean "not yet": starting (503), or asked too early / too often.
+_HEALTH_NOT_YET = frozenset({408, 425, 429})
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a target (None when it can): an absolute http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        return f"{url!r} is not a URL: {exc}"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return f"{url!r} is not an http:// or https:// URL with a host"
+    return None
+
+
 def build_generate_request(entry: CorpusEntry, replay: ReplaySettings) -> dict[str, Any]:
     """The exact /generate body sent to every target for ``entry`` (greedy, with logprobs)."""
     body: dict[str, Any] = {"text": entry.text} if entry.text is not None else {}
@@ -78,7 +102,8 @@ class TargetClient:
         await self._http.aclose()
 
     async def wait_healthy(self, deadline_s: float, poll_s: float = 0.5) -> None:
-        """Poll GET /health until 200; raise TargetUnavailable with the last cause at the deadline."""
+        """Poll GET /health until 200; raise TargetUnavailable with the last cause at the deadline,
+        or TargetRefused at once when the target answers with a client error."""
         end = time.monotonic() + deadline_s
         last = "no answer yet"
         while True:
@@ -86,6 +111,12 @@ class TargetClient:
                 resp = await self._http.get("/health", timeout=min(10.0, self.replay.timeout_s))
                 if resp.status_code == 200:
                     return
+                if 400 <= resp.status_code < 500 and resp.status_code not in _HEALTH_NOT_YET:
+                    raise TargetRefused(
+                        f"{self.name} ({self.base_url}) answered GET /health with HTTP "
+                        f"{resp.status_code}: not an inference server the gate can replay against",
+                        self,
+                    )
                 last = f"HTTP {resp.status_code}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"

@@ -3,8 +3,15 @@
 Every rule is evaluated and reported, passing or not, so a verdict always carries all its
 reasons. A rule's failure is either ``fail`` (the candidate is worse than the policy allows) or
 ``undecided`` (the run cannot support a decision: incomplete, a baseline or transport error, too
-few prompts, a non-deterministic baseline). Any undecided rule makes the verdict ``error``: a run
-that could not be judged is never a pass, and a broken baseline never fails a good candidate.
+few prompts, a non-deterministic baseline). Precedence, first match wins:
+
+1. the candidate answered with errors (an HTTP error, a malformed body, a refused health check)
+   beyond ``max_candidate_errors``: ``fail`` -- a broken candidate is the candidate's fault,
+   whatever else went wrong in the run;
+2. any other rule undecided: ``error`` -- a run that could not be judged is never a pass, and a
+   broken baseline never fails a good candidate;
+3. any rule failed: ``fail``;
+4. otherwise ``pass``.
 """
 
 from __future__ import annotations
@@ -139,12 +146,32 @@ class Verdict:
         return tuple(r for r in self.reasons if r.outcome != "pass")
 
 
-def decide(summary: Summary, gate: GateSettings, *, aborted_because: str | None = None) -> Verdict:
-    """Apply every rule of ``gate`` to ``summary``."""
+CANDIDATE_FAULT_RULES = frozenset({"candidate_errors"})
+
+
+def decide(
+    summary: Summary,
+    gate: GateSettings,
+    *,
+    aborted_because: str | None = None,
+    candidate_refused: str | None = None,
+) -> Verdict:
+    """Apply every rule of ``gate`` to ``summary``.
+
+    ``candidate_refused`` says why the candidate was never replayed although it answered (its
+    health check returned an HTTP error): that counts as a candidate error.
+    """
     reasons: list[Reason] = []
 
     def rule(name: str, ok: bool, bad: RuleOutcome, message: str) -> None:
         reasons.append(Reason(name, "pass" if ok else bad, message))
+
+    def compared_rule(name: str, pair: PairSummary, ok: bool, message: str) -> None:
+        # A rate or a percentile of nothing is not evidence either way.
+        if pair.compared == 0:
+            rule(name, False, "undecided", "no prompt was compared on every target")
+        else:
+            rule(name, ok, "fail", message)
 
     c, aa = summary.candidate, summary.aa
     done = summary.prompts_done == summary.prompts_total and aborted_because is None
@@ -173,10 +200,11 @@ def decide(summary: Summary, gate: GateSettings, *, aborted_because: str | None 
     refused = summary.error_count("candidate", transport=False)
     rule(
         "candidate_errors",
-        refused <= gate.max_candidate_errors,
+        refused <= gate.max_candidate_errors and candidate_refused is None,
         "fail",
         f"{refused} candidate request(s) answered with an error or a malformed body "
-        f"(max {gate.max_candidate_errors})",
+        f"(max {gate.max_candidate_errors})"
+        + (f"; {candidate_refused}" if candidate_refused else ""),
     )
     rule(
         "min_prompts",
@@ -199,32 +227,36 @@ def decide(summary: Summary, gate: GateSettings, *, aborted_because: str | None 
         f"{c.hard} hard divergence(s) vs {aa.hard} in A/A, excess {summary.excess_hard} "
         f"(max {gate.max_hard_divergences})" + (f": {hard_ids}" if hard_ids else ""),
     )
-    rule(
+    compared_rule(
         "exact_match_rate",
+        c,
         c.exact_rate >= gate.min_exact_match_rate,
-        "fail",
         f"candidate exact-match rate {c.exact_rate:.3f} ({c.exact}/{c.compared}), "
         f"min {gate.min_exact_match_rate:g}",
     )
-    rule(
+    compared_rule(
         "excess_divergence_rate",
+        c,
         summary.excess_divergence_rate <= gate.max_excess_divergence_rate,
-        "fail",
         f"divergence rate {c.divergence_rate:.3f} vs A/A {aa.divergence_rate:.3f}, excess "
         f"{summary.excess_divergence_rate:.3f} (max {gate.max_excess_divergence_rate:g})",
     )
-    rule(
+    compared_rule(
         "logprob_drift_p99",
+        c,
         summary.excess_drift_p99 <= gate.max_logprob_drift_p99,
-        "fail",
         f"p99 logprob drift {c.drift.p99:.3g} vs A/A {aa.drift.p99:.3g} nats, excess "
         f"{summary.excess_drift_p99:.3g} (max {gate.max_logprob_drift_p99:g})",
     )
+    return Verdict(_status(reasons), tuple(reasons))
+
+
+def _status(reasons: list[Reason]) -> VerdictStatus:
+    """The precedence of the module docstring."""
+    if any(r.outcome == "fail" and r.rule in CANDIDATE_FAULT_RULES for r in reasons):
+        return "fail"
     outcomes = {r.outcome for r in reasons}
-    status: VerdictStatus = (
-        "error" if "undecided" in outcomes else "fail" if "fail" in outcomes else "pass"
-    )
-    return Verdict(status, tuple(reasons))
+    return "error" if "undecided" in outcomes else "fail" if "fail" in outcomes else "pass"
 
 
 def _kinds(errors: dict[str, dict[str, int]], roles: tuple[str, ...]) -> str:

@@ -16,14 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kdtree_parity.client import TargetClient, TargetUnavailable, build_generate_request
+from kdtree_parity.client import (
+    TargetClient,
+    TargetRefused,
+    TargetUnavailable,
+    build_generate_request,
+)
 from kdtree_parity.compare import compare_generations
 from kdtree_parity.corpus import Corpus, CorpusEntry, parse_corpus
 from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, parse_policy
-from kdtree_parity.report import write_report_files
+from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ROLES, Outcome, PromptResult, Role
-from kdtree_parity.store import HEARTBEAT_S, VERDICT_TO_STATUS, Store
+from kdtree_parity.store import HEARTBEAT_S, VERDICT_TO_STATUS, RunRecord, Store
 
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
 
@@ -54,6 +59,40 @@ class Targets:
         aa = self.replica_image if self.replica else self.baseline_image
         labels = {"baseline": self.baseline_image, "candidate": self.candidate_image, "aa": aa}
         return {role: image for role, image in labels.items() if image}
+
+
+class IdentityChanged(RuntimeError):
+    """A resumed run's target is not the build the run started with."""
+
+
+def identity_differences(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What differs between a target's recorded identity and ``current`` (both may hold 'image'
+    and 'model_info'); a key that ``current`` does not assert is not compared."""
+    recorded = recorded or {}
+    differences = []
+    if "image" in current and recorded.get("image") != current["image"]:
+        differences.append(f"image {recorded.get('image')!r} -> {current['image']!r}")
+    if "model_info" in current and "model_info" in recorded:
+        before, after = _flat(recorded["model_info"]), _flat(current["model_info"])
+        differences += [
+            f"/model_info {key}: {before.get(key, '(absent)')!r} -> {after.get(key, '(absent)')!r}"
+            for key in sorted(set(before) | set(after))
+            if before.get(key, _ABSENT) != after.get(key, _ABSENT)
+        ]
+    return differences
+
+
+_ABSENT = object()
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: differences are named down to the leaf."""
+    if not isinstance(value, dict):
+        return {prefix or "(value)": value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
 
 
 @dataclass
@@ -125,8 +164,18 @@ async def execute_run(
     *,
     progress: ProgressCallback | None = None,
     write_reports: bool = True,
+    images: dict[str, str] | None = None,
+    accept_identity_change: bool = False,
 ) -> RunOutcome:
-    """Run (or resume) ``run_id`` as recorded in the store; always leaves it in a final status."""
+    """Run (or resume) ``run_id`` as recorded in the store; always leaves it in a final status.
+
+    Before any prompt is replayed, each target's identity (its /model_info, and the image label
+    in ``images`` where the caller gives one) is compared with what the run recorded: a resume
+    against a different build raises IdentityChanged (the run is left ``error``, resumable)
+    unless ``accept_identity_change``, which records the change in the run and its report. With
+    ``write_reports`` the reports are written before the final status is stored, so a run is
+    never ``passed`` without them; reports that cannot be written leave it ``error``.
+    """
     record = store.get_run(run_id)
     corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
     loaded = parse_policy(record.policy_text, source=record.policy_source)
@@ -155,11 +204,20 @@ async def execute_run(
             if isinstance(failure, BaseException) and not isinstance(failure, TargetUnavailable):
                 raise failure
         unhealthy = [str(w) for w in waits if isinstance(w, TargetUnavailable)]
+        candidate_refused = next(
+            (
+                str(w)
+                for w in waits
+                if isinstance(w, TargetRefused) and w.target is clients["candidate"]
+            ),
+            None,
+        )
         if unhealthy:
             breaker.reason = "; ".join(unhealthy)
         else:
-            for role, client in role_client.items():
-                store.set_identity(run_id, role, {"model_info": await client.identity()})
+            await _check_identities(
+                store, run_id, record, role_client, images or {}, accept_identity_change
+            )
             done_ids = store.completed_prompt_ids(run_id)
             pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
             counter = {"done": len(done_ids)}
@@ -193,12 +251,25 @@ async def execute_run(
             summarize(store.results(run_id), len(corpus)),
             loaded.policy.gate,
             aborted_because=breaker.reason,
+            candidate_refused=candidate_refused,
         )
         status = VERDICT_TO_STATUS[verdict.status]
-        store.finish_run(run_id, status, verdict=verdict_to_json(verdict), error=breaker.reason)
-        outcome = RunOutcome(run_id, status, verdict, breaker.reason)
+        ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
+        if write_reports and record.out_dir:
+            try:
+                write_report_files(store, run_id, Path(record.out_dir), ending=ending)
+            except OSError as exc:
+                ending = RunEnding(
+                    "error", None, f"the reports could not be written to {record.out_dir}: {exc}"
+                )
+        store.finish_run(run_id, ending.status, verdict=ending.verdict, error=ending.error)
+        outcome = RunOutcome(run_id, ending.status, verdict, ending.error)
     except (asyncio.CancelledError, KeyboardInterrupt):
         store.finish_run(run_id, "interrupted", error="interrupted (signal or cancellation)")
+        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        raise
+    except IdentityChanged as exc:
+        store.finish_run(run_id, "error", error=f"resume refused: {exc}")
         _write_reports_quietly(store, run_id, record.out_dir, write_reports)
         raise
     except Exception as exc:
@@ -211,9 +282,40 @@ async def execute_run(
         heartbeat.cancel()
         for client in clients.values():
             await client.__aexit__(None, None, None)
-    if write_reports and record.out_dir:
-        write_report_files(store, run_id, Path(record.out_dir))
     return outcome
+
+
+async def _check_identities(
+    store: Store,
+    run_id: str,
+    record: RunRecord,
+    role_client: dict[Role, TargetClient],
+    images: dict[str, str],
+    accept_change: bool,
+) -> None:
+    """Record each target's identity; on a resume, refuse (or record) any change of build."""
+    current = {}
+    for role, client in role_client.items():
+        current[role] = {"model_info": await client.identity()}
+        if images.get(role):
+            current[role]["image"] = images[role]
+    changed = {
+        role: diff
+        for role, identity in current.items()
+        if (diff := identity_differences(record.targets[role][1], identity))
+    }
+    if changed and not accept_change:
+        named = "; ".join(f"{role}: {', '.join(diff)}" for role, diff in changed.items())
+        raise IdentityChanged(
+            f"run {run_id}: the targets are not the builds the run started with ({named}); "
+            "start a new run, or accept the change explicitly (--accept-identity-change)"
+        )
+    for role, identity in current.items():
+        if role in changed:
+            merged = {**(record.targets[role][1] or {}), **identity}
+            store.accept_identity_change(run_id, role, changed[role], merged)
+        else:
+            store.set_identity(run_id, role, identity)
 
 
 async def _heartbeat(store: Store, run_id: str) -> None:

@@ -34,6 +34,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from kdtree_parity.client import url_problem
 from kdtree_parity.config import env_default
 from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
 from kdtree_parity.policy import PolicyError, load_policy
@@ -50,9 +51,13 @@ REQUEST_KEYS = frozenset({"pair", "corpus"})
 IMAGE_KEYS = ("baseline_image", "candidate_image", "replica_image")
 
 
+class ConfigurationError(ValueError):
+    """The service's configuration cannot serve a single run: it refuses to start."""
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
-    """Everything the service needs, read once at start."""
+    """Everything the service needs, read once at start (``check`` before serving)."""
 
     token: str
     pairs: dict[str, Targets]
@@ -87,19 +92,49 @@ class ServiceSettings:
             out=env_default("OUT", env),
         )
 
+    def check(self) -> None:
+        """Raise ConfigurationError naming every problem a POST /runs would otherwise hit."""
+        problems = []
+        corpus = policy = None
+        try:
+            corpus = load_corpus(self.corpus)
+        except CorpusError as exc:
+            problems.append(str(exc))
+        try:
+            policy = load_policy(self.policy)
+        except PolicyError as exc:
+            problems.append(str(exc))
+        if (
+            corpus is not None
+            and policy is not None
+            and (small := corpus_too_small(corpus, policy))
+        ):
+            problems.append(f"{small}: no run could ever decide")
+        for name, targets in self.pairs.items():
+            for role, url in targets.as_roles().items():
+                if problem := url_problem(url):
+                    problems.append(f"pair {name!r} {role}: {problem}")
+        if problems:
+            raise ConfigurationError(
+                "the parity service's configuration is unusable:\n" + "\n".join(problems)
+            )
+
 
 def load_pairs(path: Path) -> dict[str, Targets]:
     """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, *_image: label?}``."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"{path}: cannot read the pairs file: {exc}") from None
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"{path}: expected a non-empty mapping of pair name -> targets")
+        raise ConfigurationError(f"{path}: expected a non-empty mapping of pair name -> targets")
     pairs = {}
     for name, spec in data.items():
         if not isinstance(spec, dict) or not {"baseline", "candidate"} <= set(spec):
-            raise ValueError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
+            raise ConfigurationError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
         unknown = set(spec) - {"baseline", "candidate", "replica", *IMAGE_KEYS}
         if unknown:
-            raise ValueError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
+            raise ConfigurationError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
         pairs[str(name)] = Targets(
             spec["baseline"],
             spec["candidate"],
@@ -175,7 +210,8 @@ def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:
-    """The service; ``settings`` are fixed for its lifetime."""
+    """The service; ``settings`` are fixed for its lifetime and checked here (ConfigurationError)."""
+    settings.check()
     live = _Live()
     metrics = _Metrics()
     state: dict[str, Store] = {}
@@ -240,6 +276,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             body = json.loads(raw) if raw.strip() else {}
         except ValueError:
             raise HTTPException(400, "the request body must be a JSON object") from None
+        except RecursionError:
+            raise HTTPException(400, "the request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise HTTPException(400, "the request body must be a JSON object")
         aimed = sorted(TARGET_KEYS & set(body))
@@ -252,6 +290,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         unknown = sorted(set(body) - REQUEST_KEYS)
         if unknown:
             raise HTTPException(400, f"unknown field(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
+        for key in REQUEST_KEYS & set(body):
+            if not isinstance(body[key], str):
+                raise HTTPException(
+                    400, f"{key!r} must be a string (a name), not {body[key]!r:.80}"
+                )
         pair = body.get("pair", "default")
         if pair not in settings.pairs:
             raise HTTPException(404, f"no configured pair {pair!r}")

@@ -59,6 +59,14 @@ CREATE TABLE IF NOT EXISTS targets (
     identity_json TEXT,
     PRIMARY KEY (run_id, role)
 );
+CREATE TABLE IF NOT EXISTS identity_changes (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    role TEXT NOT NULL,
+    at REAL NOT NULL,
+    differences_json TEXT NOT NULL,
+    before_json TEXT,
+    after_json TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS results (
     run_id TEXT NOT NULL REFERENCES runs(id),
     prompt_id TEXT NOT NULL,
@@ -92,6 +100,8 @@ class RunRecord:
     verdict: dict[str, Any] | None
     error: str | None
     targets: dict[str, tuple[str, dict[str, Any] | None]]
+    # Identity changes a resume accepted by explicit override: role, at, differences, before.
+    identity_changes: tuple[dict[str, Any], ...] = ()
 
 
 def new_run_id() -> str:
@@ -122,6 +132,11 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    def check_writable(self) -> None:
+        """Raise sqlite3.Error now, not after a replay, when the database cannot take writes."""
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("ROLLBACK")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -213,6 +228,26 @@ class Store:
             db.execute(
                 "UPDATE targets SET identity_json=? WHERE run_id=? AND role=?",
                 (json.dumps(merged, sort_keys=True), run_id, role),
+            )
+
+    def accept_identity_change(
+        self, run_id: str, role: str, differences: list[str], identity: dict[str, Any]
+    ) -> None:
+        """Record that a resume went on with a target whose identity changed, then adopt it."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT identity_json FROM targets WHERE run_id=? AND role=?", (run_id, role)
+            ).fetchone()
+            before = row[0] if row else None
+            db.execute(
+                "INSERT INTO identity_changes (run_id, role, at, differences_json, before_json,"
+                " after_json) VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, role, time.time(), json.dumps(differences), before,
+                 json.dumps(identity, sort_keys=True)),
+            )  # fmt: skip
+            db.execute(
+                "UPDATE targets SET identity_json=? WHERE run_id=? AND role=?",
+                (json.dumps(identity, sort_keys=True), run_id, role),
             )
 
     def save_result(self, run_id: str, ordinal: int, result: PromptResult) -> None:
@@ -326,6 +361,19 @@ class Store:
         done = self._db.execute(
             "SELECT COUNT(*) FROM results WHERE run_id=? AND has_error=0", (row["id"],)
         ).fetchone()[0]
+        changes = tuple(
+            {
+                "role": c["role"],
+                "at": c["at"],
+                "differences": json.loads(c["differences_json"]),
+                "before": None if c["before_json"] is None else json.loads(c["before_json"]),
+            }
+            for c in self._db.execute(
+                "SELECT role, at, differences_json, before_json FROM identity_changes"
+                " WHERE run_id=? ORDER BY at",
+                (row["id"],),
+            )
+        )
         return RunRecord(
             id=row["id"],
             status=row["status"],
@@ -345,4 +393,5 @@ class Store:
             verdict=None if row["verdict_json"] is None else json.loads(row["verdict_json"]),
             error=row["error"],
             targets=targets,
+            identity_changes=changes,
         )

@@ -25,6 +25,9 @@ from .scheduler import Engine, EngineStepError, GenerationRequest, GenerationRes
 log = logging.getLogger("kdtree_inference.engine.api")
 
 
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions"})
+
+
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -96,18 +99,13 @@ class EngineAPI:
 
     def _record(self, req: GenerationRequest, res: GenerationResult) -> None:
         attention = self.engine.config.attention
-        self.metrics.requests.labels(attention, "ok").inc()
         self.metrics.prompt_tokens.labels(attention).inc(res.prompt_tokens)
         self.metrics.generation_tokens.labels(attention).inc(len(res.output_ids))
         self.metrics.latency.labels(attention).observe(res.e2e_latency)
 
     async def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         futures = [asyncio.wrap_future(self.engine.submit(r)) for r in requests]
-        try:
-            results = await asyncio.gather(*futures)
-        except Exception:
-            self.metrics.requests.labels(self.engine.config.attention, "error").inc(len(requests))
-            raise
+        results = await asyncio.gather(*futures)
         for req, res in zip(requests, results, strict=True):
             self._record(req, res)
         return list(results)
@@ -125,10 +123,20 @@ class EngineAPI:
             return await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise RequestError("request body is nested too deeply") from None
 
     # ---- routes ----------------------------------------------------------------------------
     def _routes(self) -> None:
         app, engine = self.app, self.engine
+
+        @app.middleware("http")
+        async def count_generation_requests(request: Request, call_next: Any) -> Response:
+            # Every answer of a generation endpoint is counted by its HTTP status, refusals too.
+            response = await call_next(request)
+            if request.url.path in GENERATION_PATHS:
+                self.metrics.requests.labels(engine.config.attention, response.status_code).inc()
+            return response
 
         @app.get("/health")
         @app.get("/health_generate")

@@ -75,15 +75,19 @@ def compare_with_sidecar(
     corpus_path.write_text(
         "".join(json.dumps({"id": f"demo-{i:03d}", "text": p}) + "\n" for i, p in enumerate(corpus))
     )
-    # The shipped "short" policy's thresholds (float32 on CPU: identical servers match exactly),
-    # sized to this corpus and generation length.
-    policy_path = out_dir / "policy.yaml"
-    policy_path.write_text(
-        f"replay:\n  max_new_tokens: {max_new_tokens}\n  concurrency: 2\n"
-        "compare:\n  near_tie_epsilon: 0.05\n"
-        f"gate:\n  min_prompts: {len(corpus)}\n  min_exact_match_rate: 0.9\n"
-        "  max_excess_divergence_rate: 0.05\n  max_logprob_drift_p99: 0.01\n"
+    # The shipped "short" policy (float32 on CPU: identical servers match exactly, A/A drift
+    # is 0), sized to this corpus and generation length. JSON is YAML, so it is written as JSON.
+    from kdtree_parity.policy import load_policy
+
+    short = load_policy("short").policy
+    policy = short.model_copy(
+        update={
+            "replay": short.replay.model_copy(update={"max_new_tokens": max_new_tokens}),
+            "gate": short.gate.model_copy(update={"min_prompts": len(corpus)}),
+        }
     )
+    policy_path = out_dir / "policy.yaml"
+    policy_path.write_text(policy.model_dump_json(indent=1) + "\n")
     before = set(out_dir.glob("*/report.json"))
     sidecar = None
     try:

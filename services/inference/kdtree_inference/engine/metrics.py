@@ -11,7 +11,9 @@ class EngineMetrics:
         labels = ["attention"]
         self.attention = attention
         self.requests = Counter(
-            "kdtree_engine_requests", "Generation requests by outcome", [*labels, "outcome"],
+            "kdtree_engine_requests",
+            "HTTP requests to /generate and /v1/completions, by response status",
+            [*labels, "status"],
             registry=self.registry,
         )  # fmt: skip
         self.prompt_tokens = Counter(

@@ -12,7 +12,9 @@ so ``save_weights`` / ``load_weights`` round-trip through safetensors.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -171,35 +173,23 @@ class TinyMLAModel:
         meta: ExtendMetadata,
         pool: MLAKVPool,
     ) -> torch.Tensor:
-        """Logits [T, vocab] (float32) for every new token; their KV lands in out_cache_loc."""
+        """Logits [T, vocab] (float32) for every new token; their KV lands in out_cache_loc.
+
+        Batch-invariant: every dense op (projections, norms, MLP, lm_head) runs once per request
+        on that request's rows alone, so a BLAS kernel chosen by the row count of the whole batch
+        can never change a request's numerics; attention is per request already. A request's
+        logits are bit-identical whichever requests share its forward.
+        """
         cfg, w = self.cfg, self.w
         if int(positions.max()) >= cfg.max_position:
             raise ValueError(f"position {int(positions.max())} >= max_position {cfg.max_position}")
+        bounds = meta.qo_indptr.tolist()
+        segments = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
         x = w["model.embed_tokens.weight"][input_ids]
-        t = x.shape[0]
-        heads, nope = cfg.num_heads, cfg.qk_nope_head_dim
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            h = _rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            # Query: low-rank, then per head [nope | rope]; the nope part is absorbed into the
-            # latent space through W_UK so it can be scored against the 512-wide latent KV.
-            q_lat = _rms_norm(
-                h @ w[p + "self_attn.q_a_proj.weight"].T,
-                w[p + "self_attn.q_a_layernorm.weight"],
-                cfg.rms_norm_eps,
+            q_full, k_extend, v_extend = _per_request(
+                segments, lambda xs, ps, i=i: self._attention_inputs(i, xs, ps), x, positions
             )
-            q = (q_lat @ w[p + "self_attn.q_b_proj.weight"].T).view(t, heads, -1)
-            q_nope, q_pe = q[..., :nope], q[..., nope:]
-            q_absorbed = torch.einsum("thn,hnc->thc", q_nope, self.w_uk[i])
-            q_full = torch.cat([q_absorbed, self._rope(q_pe, positions)], dim=-1).contiguous()
-            # Key/value: one shared 576-wide row per token (MQA over the latent).
-            kv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T
-            latent = _rms_norm(
-                kv[:, :KV_LORA_RANK], w[p + "self_attn.kv_a_layernorm.weight"], cfg.rms_norm_eps
-            )
-            k_pe = self._rope(kv[:, KV_LORA_RANK:], positions)
-            k_extend = torch.cat([latent, k_pe], dim=-1).unsqueeze(1)  # [T, 1, 576]
-            v_extend = latent.unsqueeze(1).contiguous()  # [T, 1, 512]
             # SGLang saves the new tokens' KV to out_cache_loc *before* running attention.
             pool.write(i, meta.out_cache_loc, k_extend)
             attn = self.attention(
@@ -214,12 +204,69 @@ class TinyMLAModel:
             if i == self.fault_layer:
                 # Test-only perturbation: a deliberately wrong candidate for parity tests.
                 attn = attn * self.fault_scale
-            o = torch.einsum("thc,hvc->thv", attn.to(self.dtype), self.w_uv[i]).reshape(t, -1)
-            x = x + o @ w[p + "self_attn.o_proj.weight"].T
-            h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
-            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
-        x = _rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+            (x,) = _per_request(
+                segments, lambda xs, a, i=i: (self._attention_output(i, xs, a),), x, attn
+            )
+        (logits,) = _per_request(segments, lambda xs: (self._logits(xs),), x)
+        return logits
+
+    def _attention_inputs(
+        self, i: int, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s absorbed queries [t, H, 576] and the new latent KV rows of ``x`` [t, h]."""
+        cfg, w = self.cfg, self.w
+        p = f"model.layers.{i}."
+        t, heads, nope = x.shape[0], cfg.num_heads, cfg.qk_nope_head_dim
+        h = _rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        # Query: low-rank, then per head [nope | rope]; the nope part is absorbed into the
+        # latent space through W_UK so it can be scored against the 512-wide latent KV.
+        q_lat = _rms_norm(
+            h @ w[p + "self_attn.q_a_proj.weight"].T,
+            w[p + "self_attn.q_a_layernorm.weight"],
+            cfg.rms_norm_eps,
+        )
+        q = (q_lat @ w[p + "self_attn.q_b_proj.weight"].T).view(t, heads, -1)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        q_absorbed = torch.einsum("thn,hnc->thc", q_nope, self.w_uk[i])
+        q_full = torch.cat([q_absorbed, self._rope(q_pe, positions)], dim=-1).contiguous()
+        # Key/value: one shared 576-wide row per token (MQA over the latent).
+        kv = h @ w[p + "self_attn.kv_a_proj_with_mqa.weight"].T
+        latent = _rms_norm(
+            kv[:, :KV_LORA_RANK], w[p + "self_attn.kv_a_layernorm.weight"], cfg.rms_norm_eps
+        )
+        k_pe = self._rope(kv[:, KV_LORA_RANK:], positions)
+        k_extend = torch.cat([latent, k_pe], dim=-1).unsqueeze(1)  # [t, 1, 576]
+        v_extend = latent.unsqueeze(1).contiguous()  # [t, 1, 512]
+        return q_full, k_extend, v_extend
+
+    def _attention_output(self, i: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream after layer ``i``: o_proj of ``attn`` [t, H, 512], then the MLP."""
+        cfg, w = self.cfg, self.w
+        p = f"model.layers.{i}."
+        o = torch.einsum("thc,hvc->thv", attn.to(self.dtype), self.w_uv[i]).reshape(x.shape[0], -1)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+        return x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = _rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
         # Logits in float32 from the bf16 hidden state: bf16 logits are quantized to
         # 1/16 at this scale, which would turn many greedy choices into exact ties.
-        return x.float() @ w["lm_head.weight"].float().T
+        return x.float() @ self.w["lm_head.weight"].float().T
+
+
+def _per_request(
+    segments: list[tuple[int, int]],
+    fn: Callable[..., tuple[torch.Tensor, ...]],
+    *rows: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """``fn`` applied to each request's rows of ``rows`` alone, results concatenated in order.
+
+    Each slice is cloned: a fresh allocation has the allocator's alignment, so BLAS sees the same
+    shape *and* the same alignment for a request wherever its rows sit in the batch.
+    """
+    parts = [fn(*(r[lo:hi].clone() for r in rows)) for lo, hi in segments]
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(torch.cat(column) for column in zip(*parts, strict=True))

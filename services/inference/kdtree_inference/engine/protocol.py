@@ -54,7 +54,8 @@ class SamplingParamsModel(BaseModel):
     no_stop_trim: bool = False
     stream_interval: int | None = None
     logit_bias: dict[str, float] | None = None
-    sampling_seed: int | None = None
+    # torch.Generator.manual_seed's range; anything wider would fail inside the engine.
+    sampling_seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     custom_params: dict[str, Any] | None = None
     watermark: Any = None
 

@@ -1,5 +1,6 @@
 """``KdtreeTritonAttnBackend``: SGLang's Triton attention backend with target verify on the kdtree
-kernel.
+kernel (and, in EAGLE's draft runner, the draft-extend forward: the same attention over the
+committed prefix plus the new tokens, with a causal mask instead of the tree).
 
 It overrides three methods of SGLang 0.5.23's ``TritonAttnBackend`` and nothing else:
 
@@ -7,8 +8,13 @@ It overrides three methods of SGLang 0.5.23's ``TritonAttnBackend`` and nothing 
   and, before every replay, outside the graph): after the parent fills its metadata, a verify
   forward is marshaled once for all layers (``marshal``), counted, the comparison window is
   published every KDTREE_VALIDATE_EVERY steps, and the shadow step is selected;
-- ``forward_extend``: on a target-verify forward and a layer the kernel supports, the mode
-  decides; every other call (prefill, draft extend, unsupported layers) is the parent's, untouched.
+- ``forward_extend``: on the forward this backend serves and a layer the kernel supports, the mode
+  decides; every other call (prefill, unsupported layers) is the parent's, untouched.
+
+Which forward a backend serves follows its model runner: the target runner's is target verify
+(``TARGET_VERIFY``); a draft runner's is EAGLE's draft extend (``DRAFT_EXTEND_V2``: each request's
+``num_draft_tokens`` new tokens over its committed prefix, in the verify layout with no mask),
+unless KDTREE_DRAFT_EXTEND=off keeps it stock. The draft's own decode steps stay on Triton.
 
 Modes (``modes``): ``off`` is the parent, bit for bit; ``validate`` runs the parent (which also
 saves the KV cache), then the kernel, records the difference on the device and returns the
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 import torch
@@ -32,6 +39,7 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from kdtree_verify import VerifyInputError
+from kdtree_verify.validation import FP8_KV_DTYPE
 
 from .comparison import ComparisonRecorder, ShadowGate
 from .dispatch import verify_with_inputs
@@ -84,9 +92,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Our state, set up after the parent's ``__init__``."""
         self.kdtree_settings = settings = settings or VerifySettings.from_env()
         self.kdtree_device = torch.device(self.device)
-        # A draft model's runner never runs target verify; keep it stock whatever the mode.
-        self.kdtree_active = settings.mode is not VerifyMode.OFF and not getattr(
-            model_runner, "is_draft_worker", False
+        is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+        self.kdtree_role = "draft_extend" if is_draft else "target_verify"
+        self.kdtree_active = settings.mode is not VerifyMode.OFF and (
+            settings.draft_extend or not is_draft
         )
         if self.kdtree_active:
             status = kernel_status(self.kdtree_device)
@@ -97,7 +106,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
                     "kernel only."
                 )
         self.kdtree_telemetry = VerifyTelemetry(
-            settings, tp_rank=getattr(model_runner, "tp_rank", 0), registry=registry
+            settings,
+            tp_rank=getattr(model_runner, "tp_rank", 0),
+            registry=registry,
+            role=self.kdtree_role,
         )
         pool = self.token_to_kv_pool
         compares = self.kdtree_active and settings.compares
@@ -127,25 +139,38 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+        # The pid shows which process built the backend: a scheduler, never the launcher.
+        if not is_draft:
+            served = "target"
+        else:
+            served = "draft runner, draft extend" if self.kdtree_active else "draft runner, stock"
         logger.info(
-            "kdtree verify backend (%s): %s",
-            "draft runner, stock" if getattr(model_runner, "is_draft_worker", False) else "target",
-            settings.describe(),
+            "kdtree verify backend (%s) in pid %d: %s", served, os.getpid(), settings.describe()
         )
+
+    def _kdtree_serves(self, forward_mode: Any) -> bool:
+        """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
+        if not self.kdtree_active:
+            return False
+        if self.kdtree_role == "draft_extend":
+            return forward_mode.is_draft_extend_v2()
+        return forward_mode.is_target_verify()
 
     # ---------------------------------------------------------------- per-forward metadata
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
-        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+        if self._kdtree_serves(forward_batch.forward_mode):
             self._kdtree_begin_forward(phase="eager", batch_size=None)
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        if self.kdtree_active and forward_batch.forward_mode.is_target_verify():
+        if self._kdtree_serves(forward_batch.forward_mode):
+            # The graph's batch size as the parent reads it: SGLang's draft-extend graph runner
+            # hands over its whole req_pool_indices buffer, longer than the batch.
             self._kdtree_begin_forward(
                 phase="capture" if in_capture else "replay",
-                batch_size=len(forward_batch.req_pool_indices),
+                batch_size=forward_batch.batch_size,
             )
 
     def _kdtree_begin_forward(self, phase: str, batch_size: int | None) -> None:
@@ -174,7 +199,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return
 
         self.kdtree_step += 1
-        self.kdtree_telemetry.verify_steps()
+        self.kdtree_telemetry.verify_steps(graph_replay=phase == "replay")
         shadow_every = self.kdtree_settings.shadow_every
         self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
         if phase == "replay":
@@ -243,6 +268,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Why the kernel cannot serve this layer call, or None if it can."""
         if k is None or v is None:
             return "no_draft_kv"
+        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        if inputs is not None and q.shape[0] != inputs.total_tokens:
+            # The plan is sized for N tokens per request; ragged extends are Triton's.
+            return "token_count"
         if sinks is not None:
             return "sinks"
         if score_mod is not None or aux is not None:
@@ -267,8 +296,11 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         if self.page_size > 1:
             return "page_size"
         kv_dtype = self.token_to_kv_pool.get_key_buffer(layer.layer_id).dtype
-        if layer.k_scale is not None or kv_dtype != dtype:
-            return "fp8_kv"
+        if kv_dtype != FP8_KV_DTYPE:
+            if kv_dtype != dtype:
+                return "kv_dtype"
+            if layer.k_scale is not None:  # K / k_scale in a pool of q's dtype: not served
+                return "kv_scale"
         if self.use_sliding_window_kv_pool or (
             layer.sliding_window_size is not None and layer.sliding_window_size > -1
         ):
@@ -300,6 +332,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         return inputs
 
     def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
+        # The parent's k_descale / v_descale: the layer's scales when it has both, else 1.0.
+        scaled = layer.k_scale is not None and layer.v_scale is not None
         out = _verify_layer(
             self._kdtree_inputs(),
             q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM),
@@ -308,6 +342,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             layer.scaling,
+            k_scale=layer.k_scale_float if scaled else 1.0,
+            v_scale=layer.v_scale_float if scaled else 1.0,
         )
         return out.view(out.shape[0], -1)
 
@@ -334,7 +370,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         score_mod: Any = None,
         aux_tensors: Any = None,
     ):
-        if not (self.kdtree_active and forward_batch.forward_mode.is_target_verify()):
+        if not self._kdtree_serves(forward_batch.forward_mode):
             return super().forward_extend(
                 q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors
             )
@@ -362,11 +398,15 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_serve(self, q, k, v, layer, forward_batch, save_kv_cache):
         if save_kv_cache:
-            # The parent's write for this case (no k_scale, no DCP, both checked above).
+            # The parent's write for MLA without DCP (checked above): K / k_scale when the layer
+            # has a k_scale (only with an fp8 pool here), the pool casting to its dtype.
             loc = KVWriteLoc.for_batch(
                 forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc
             )
-            self._set_kv_buffer(forward_batch, layer, loc, k, v)
+            if layer.k_scale is None:
+                self._set_kv_buffer(forward_batch, layer, loc, k, v)
+            else:
+                self.token_to_kv_pool.set_kv_buffer(layer, loc, k.clone().div_(layer.k_scale), v)
         try:
             kernel_out = self._kdtree_kernel(q, k, v, layer)
         except VerifyInputError:

@@ -12,6 +12,8 @@ KDTREE_VERIFY_ATOL          0.02      an element is over tolerance when |kernel 
 KDTREE_VERIFY_RTOL          0.02      atol + rtol * |triton|
 KDTREE_SHADOW_ERROR_STREAK  3         on mode: this many consecutive published windows over
                                       tolerance log an error and count one shadow error
+KDTREE_DRAFT_EXTEND         on        on: EAGLE's draft-extend forward follows KDTREE_VERIFY too
+                                      (it is the same attention, causal); off: it stays on Triton
 =========================== ========= ===============================================================
 """
 
@@ -59,6 +61,15 @@ def _read_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _read_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("on", "off"):
+        raise SettingsError(f"{name}={env[name]!r}: expected on or off")
+    return raw == "on"
+
+
 def parse_mode(raw: str | None) -> VerifyMode:
     """KDTREE_VERIFY's value (case-insensitive, empty = off) as a :class:`VerifyMode`."""
     value = (raw or "").strip().lower() or VerifyMode.OFF.value
@@ -77,6 +88,7 @@ class VerifySettings:
     atol: float = 0.02
     rtol: float = 0.02
     shadow_error_streak: int = 3
+    draft_extend: bool = True
 
     @property
     def compares(self) -> bool:
@@ -102,6 +114,7 @@ class VerifySettings:
             shadow_error_streak=_read_int(
                 env, "KDTREE_SHADOW_ERROR_STREAK", cls.shadow_error_streak, 1
             ),
+            draft_extend=_read_switch(env, "KDTREE_DRAFT_EXTEND", cls.draft_extend),
         )
 
     def describe(self) -> str:
@@ -114,4 +127,6 @@ class VerifySettings:
             parts.append(
                 f"shadow every {self.shadow_every} steps" if self.shadow_every else "no shadow"
             )
+        if self.mode is not VerifyMode.OFF and not self.draft_extend:
+            parts.append("draft extend on Triton")
         return ", ".join(parts)

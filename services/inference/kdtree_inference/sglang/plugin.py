@@ -7,6 +7,11 @@ interpreters). Replacing the "triton" entry of ``ATTENTION_BACKENDS`` rather tha
 name keeps every name-based check in SGLang (``--attention-backend triton``, server-args
 validation, the hybrid and draft backends' choices) working unchanged.
 
+EAGLE's draft-extend backend is not looked up in that registry: SGLang's ``DraftBackendFactory``
+builds ``TritonAttnBackend`` by class for "triton". Its factory method is replaced too, so the
+draft extend gets our subclass (which serves it only when KDTREE_VERIFY and KDTREE_DRAFT_EXTEND
+say so, and is the parent otherwise).
+
 The entry point is declared in services/inference/pyproject.toml:
     [project.entry-points."sglang.srt.plugins"]
     kdtree_verify = "kdtree_inference.sglang.plugin:register"
@@ -37,8 +42,35 @@ def create_kdtree_triton_backend(runner: Any) -> Any:
 create_kdtree_triton_backend.kdtree_factory = True  # marks our entry, for idempotence
 
 
+def _create_kdtree_draft_extend_backend(factory: Any) -> tuple[str, Any]:
+    """``DraftBackendFactory._create_triton_prefill_backend``, building our subclass."""
+    from .backend import KdtreeTritonAttnBackend
+
+    return "triton", KdtreeTritonAttnBackend(factory.draft_model_runner, skip_prefill=False)
+
+
+_create_kdtree_draft_extend_backend.kdtree_factory = True
+
+
+def _register_draft_extend() -> None:
+    try:
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    except ImportError:  # a build of SGLang without speculative decoding
+        logger.warning("kdtree: SGLang has no DraftBackendFactory; draft extend stays stock")
+        return
+    current = getattr(DraftBackendFactory, "_create_triton_prefill_backend", None)
+    if getattr(current, "kdtree_factory", False):
+        return
+    if current is None:
+        logger.warning("kdtree: DraftBackendFactory has no triton draft-extend factory to replace")
+        return
+    DraftBackendFactory._create_triton_prefill_backend = _create_kdtree_draft_extend_backend
+    logger.info("kdtree: EAGLE draft-extend backend 'triton' -> KdtreeTritonAttnBackend")
+
+
 def register() -> None:
-    """Replace the "triton" attention backend factory with ours (idempotent)."""
+    """Replace the "triton" attention backend factories with ours (idempotent)."""
+    _register_draft_extend()
     from sglang.srt.layers.attention import attention_registry
 
     current = attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME)

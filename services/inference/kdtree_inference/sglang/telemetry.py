@@ -13,6 +13,8 @@ name                                            type    meaning
 =============================================== ======= =========================================
 kdtree_verify_mode{mode}                        gauge   1 for the active KDTREE_VERIFY mode
 kdtree_verify_steps_total                       counter target-verify forwards seen
+kdtree_verify_graph_replays_total               counter of those, CUDA-graph replays (the rest
+                                                        ran eagerly)
 kdtree_verify_kernel_calls_total                counter layer calls the kdtree kernel computed
 kdtree_verify_fallbacks_total{reason}           counter verify layer calls left to Triton, by why
 kdtree_verify_max_abs_error{layer}              gauge   max |kernel - triton| in the last window
@@ -24,7 +26,12 @@ kdtree_verify_shadow_errors_total               counter on mode: runs of KDTREE_
                                                         windows over tolerance
 =============================================== ======= =========================================
 
-One log line per publish, on logger ``kdtree.verify``: ``kdtree_verify_publish {json}``.
+EAGLE's draft-extend forward, when the kernel serves it too (``KDTREE_DRAFT_EXTEND``), reports
+the same metrics under the prefix ``kdtree_draft_extend_`` instead of ``kdtree_verify_`` (its
+"steps" are draft-extend forwards), so the two never mix.
+
+One log line per publish, on logger ``kdtree.verify``: ``kdtree_verify_publish {json}`` (or
+``kdtree_draft_extend_publish``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from .modes import VerifyMode, VerifySettings
 
 logger = logging.getLogger("kdtree.verify")
 
+ROLES = {"target_verify": "kdtree_verify", "draft_extend": "kdtree_draft_extend"}
+"""The forward each role serves -> the prefix of its metric names."""
 PUBLISH_EVENT = "kdtree_verify_publish"
 
 
@@ -48,6 +57,7 @@ PUBLISH_EVENT = "kdtree_verify_publish"
 class _Metrics:
     mode: Any
     steps: Any
+    graph_replays: Any
     kernel_calls: Any
     fallbacks: Any
     max_abs: Any
@@ -62,75 +72,82 @@ class _Metrics:
 _METRICS_BY_REGISTRY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _metrics(registry: Any | None) -> _Metrics:
-    """The metric objects of ``registry`` (default: prometheus_client's), created once."""
+def _metrics(registry: Any | None, prefix: str = "kdtree_verify") -> _Metrics:
+    """The metric objects of ``registry`` (default: prometheus_client's) under ``prefix``,
+    created once."""
     from prometheus_client import REGISTRY, Counter, Gauge
 
     registry = REGISTRY if registry is None else registry
-    found = _METRICS_BY_REGISTRY.get(registry)
+    by_prefix = _METRICS_BY_REGISTRY.setdefault(registry, {})
+    found = by_prefix.get(prefix)
     if found is not None:
         return found
     rank = ["tp_rank"]
+    forward = "Target-verify" if prefix == ROLES["target_verify"] else "Draft-extend"
     made = _Metrics(
         mode=Gauge(
-            "kdtree_verify_mode",
+            f"{prefix}_mode",
             "1 for the active KDTREE_VERIFY mode of this scheduler",
             ["mode", *rank],
             registry=registry,
             multiprocess_mode="livemax",
         ),
-        steps=Counter(
-            "kdtree_verify_steps", "Target-verify forwards seen", rank, registry=registry
+        steps=Counter(f"{prefix}_steps", f"{forward} forwards seen", rank, registry=registry),
+        graph_replays=Counter(
+            f"{prefix}_graph_replays",
+            f"{forward} forwards that were CUDA-graph replays",
+            rank,
+            registry=registry,
         ),
         kernel_calls=Counter(
-            "kdtree_verify_kernel_calls",
-            "Verify layer calls computed by the kdtree kernel",
+            f"{prefix}_kernel_calls",
+            f"{forward} layer calls computed by the kdtree kernel",
             rank,
             registry=registry,
         ),
         fallbacks=Counter(
-            "kdtree_verify_fallbacks",
-            "Verify layer calls left to SGLang's Triton kernel, by reason",
+            f"{prefix}_fallbacks",
+            f"{forward} layer calls left to SGLang's Triton kernel, by reason",
             ["reason", *rank],
             registry=registry,
         ),
         max_abs=Gauge(
-            "kdtree_verify_max_abs_error",
+            f"{prefix}_max_abs_error",
             "Max |kernel - triton| over the last published window",
             ["layer", *rank],
             registry=registry,
             multiprocess_mode="mostrecent",
         ),
         max_rel=Gauge(
-            "kdtree_verify_max_rel_error",
+            f"{prefix}_max_rel_error",
             "Max |kernel - triton| / (|triton| + atol) over the last published window",
             ["layer", *rank],
             registry=registry,
             multiprocess_mode="mostrecent",
         ),
         over_tolerance=Counter(
-            "kdtree_verify_over_tolerance",
+            f"{prefix}_over_tolerance",
             "Output elements where |kernel - triton| > atol + rtol * |triton|",
             ["layer", *rank],
             registry=registry,
         ),
         compared=Counter(
-            "kdtree_verify_compared_elements",
+            f"{prefix}_compared_elements",
             "Output elements compared between the kernel and Triton",
             rank,
             registry=registry,
         ),
         publishes=Counter(
-            "kdtree_verify_publishes", "Comparison windows published", rank, registry=registry
+            f"{prefix}_publishes", "Comparison windows published", rank, registry=registry
         ),
         shadow_errors=Counter(
-            "kdtree_verify_shadow_errors",
+            f"{prefix}_shadow_errors",
             "On mode: runs of consecutive published windows over tolerance",
             rank,
             registry=registry,
         ),
     )
-    _METRICS_BY_REGISTRY[registry] = made
+    by_prefix[prefix] = made
     return made
 
 
@@ -153,18 +170,29 @@ class PublishSummary:
 class VerifyTelemetry:
     """The backend's reporting: counters as things happen, comparison windows when published."""
 
-    def __init__(self, settings: VerifySettings, tp_rank: int = 0, registry: Any | None = None):
+    def __init__(
+        self,
+        settings: VerifySettings,
+        tp_rank: int = 0,
+        registry: Any | None = None,
+        role: str = "target_verify",
+    ):
+        if role not in ROLES:
+            raise ValueError(f"role: one of {sorted(ROLES)}, got {role!r}")
         self.settings = settings
         self.rank = str(tp_rank)
-        self._metrics = _metrics(registry)
+        self.prefix = ROLES[role]
+        self._metrics = _metrics(registry, self.prefix)
         self._over_streak = 0
         for mode in VerifyMode:
             self._metrics.mode.labels(mode=mode.value, tp_rank=self.rank).set(
                 1 if mode is settings.mode else 0
             )
 
-    def verify_steps(self, count: int = 1) -> None:
+    def verify_steps(self, count: int = 1, graph_replay: bool = False) -> None:
         self._metrics.steps.labels(tp_rank=self.rank).inc(count)
+        if graph_replay:
+            self._metrics.graph_replays.labels(tp_rank=self.rank).inc(count)
 
     def kernel_calls(self, count: int = 1) -> None:
         if count:
@@ -213,7 +241,7 @@ class VerifyTelemetry:
             over_streak=self._over_streak,
             shadow_error=shadow_error,
         )
-        line = f"{PUBLISH_EVENT} {json.dumps(summary.__dict__, allow_nan=True)}"
+        line = f"{self.prefix}_publish {json.dumps(summary.__dict__, allow_nan=True)}"
         if shadow_error:
             logger.error(
                 "%s; the kdtree kernel disagreed with Triton beyond tolerance in %d consecutive "

@@ -49,11 +49,13 @@ def make_model_runner(
     device: str = "cpu",
     is_draft_worker: bool = False,
     seed: int = 0,
+    kv_dtype: torch.dtype | None = None,
 ) -> Any:
     """SGLang's own test-kit MLA model runner (``MockMLAModelRunner``: a ``ModelRunner`` with a
     tiny MLA config and its server args published through ``override_server_args``), set up
     for target verify with ``num_draft`` tokens, with an MLA KV pool of ``num_layers`` layers
-    filled with random KV."""
+    filled with random KV (in ``kv_dtype``, default ``dtype``: float8_e4m3fn is SGLang's
+    ``--kv-cache-dtype fp8_e4m3``)."""
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
@@ -94,7 +96,7 @@ def make_model_runner(
     runner.token_to_kv_pool = MLATokenToKVPool(
         size=runner.token_to_kv_pool.size,
         page_size=1,
-        dtype=dtype,
+        dtype=kv_dtype or dtype,
         kv_lora_rank=V_DIM,
         qk_rope_head_dim=QK_DIM - V_DIM,
         layer_num=num_layers,
@@ -150,11 +152,21 @@ def make_verify_batch(
     mask: str = "tree",
     request_rows: Sequence[int] | None = None,
     seed: int = 1,
+    forward: str = "target_verify",
+    dtype: torch.dtype | None = None,
 ) -> VerifyBatch:
     """Place the requests' tokens on fragmented pool slots and build the verify forward batch.
 
     ``mask``: "tree" (random draft trees), "chain" or "causal" (``custom_mask=None``, DFlash).
+    ``forward``: "target_verify", or "draft_extend" for EAGLE's draft-extend forward
+    (``DRAFT_EXTEND_V2``: the same tokens as an extend batch, causal, as SGLang's EAGLE worker
+    builds it: extend lengths of ``num_draft`` over the committed prefixes).
+    ``dtype``: of q/k/v (default the pool's; give it for an fp8 pool).
     """
+    if forward not in ("target_verify", "draft_extend"):
+        raise ValueError(f"forward: target_verify or draft_extend, got {forward!r}")
+    if forward == "draft_extend":
+        mask = "causal"
     from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -188,7 +200,9 @@ def make_verify_batch(
     custom_mask = torch.cat(masks).to(device) if masks else None
 
     req_pool_indices = torch.tensor(rows, dtype=torch.int64, device=device)
-    seq_lens = torch.tensor(list(prefix_lens), dtype=torch.int64, device=device)
+    prefix_tensor = torch.tensor(list(prefix_lens), dtype=torch.int64, device=device)
+    # Target verify counts the committed prefix; a draft extend the length after its write.
+    seq_lens = prefix_tensor if forward == "target_verify" else prefix_tensor + num_draft
     plan = KVLocPlan(
         source=runner.kv_index_translator,
         req_pool_indices=req_pool_indices,
@@ -201,7 +215,7 @@ def make_verify_batch(
         batch_size=batch,
         req_pool_indices=req_pool_indices,
         seq_lens=seq_lens,
-        seq_lens_sum=int(sum(prefix_lens)),
+        seq_lens_sum=int(seq_lens.sum()),
         kv_loc_plan=plan,
         spec_info=SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=num_draft),
         out_cache_loc=out_cache_loc,
@@ -214,7 +228,16 @@ def make_verify_batch(
         extend_start_loc=None,
         extend_prefix_lens=None,
     )
-    dtype = pool.dtype
+    if forward == "draft_extend":
+        extend_lens = torch.full((batch,), num_draft, dtype=torch.int64, device=device)
+        forward_batch.forward_mode = ForwardMode.DRAFT_EXTEND_V2
+        forward_batch.extend_seq_lens = extend_lens
+        forward_batch.extend_seq_lens_cpu = [num_draft] * batch
+        forward_batch.extend_prefix_lens = prefix_tensor
+        forward_batch.extend_prefix_lens_cpu = list(prefix_lens)
+        forward_batch.extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
+        forward_batch.spec_info.extend_seq_lens_tensor = extend_lens  # read by graph metadata
+    dtype = dtype or pool.dtype
     total = batch * num_draft
     qkv = {}
     for layer_id in layer_ids:

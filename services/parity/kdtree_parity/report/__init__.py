@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kdtree_parity.report.build import build_report
+from kdtree_parity.report.build import RunEnding, build_report
 from kdtree_parity.report.html import render_html
 from kdtree_parity.report.markdown import render_markdown
 from kdtree_parity.report.schema import SCHEMA_VERSION, Report
@@ -14,6 +14,7 @@ from kdtree_parity.store import Store
 __all__ = [
     "SCHEMA_VERSION",
     "Report",
+    "RunEnding",
     "build_report",
     "render_html",
     "render_markdown",
@@ -26,12 +27,15 @@ def report_json(report: Report) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=1, allow_nan=False) + "\n"
 
 
-def write_report_files(store: Store, run_id: str, out_dir: Path) -> dict[str, Path]:
+def write_report_files(
+    store: Store, run_id: str, out_dir: Path, ending: RunEnding | None = None
+) -> dict[str, Path]:
     """Write report.json, report.html and report.md under ``out_dir/run_id``; return the paths.
 
     Each file is written to a temporary name and renamed, so a reader never sees half a report.
+    ``ending``: see ``build_report``.
     """
-    report = build_report(store, run_id)
+    report = build_report(store, run_id, ending)
     target = out_dir / run_id
     target.mkdir(parents=True, exist_ok=True)
     paths = {

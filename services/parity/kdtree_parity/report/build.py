@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from kdtree_parity.compare import PairComparison
 from kdtree_parity.gate import decide, summarize
@@ -13,6 +15,7 @@ from kdtree_parity.report.schema import (
     ComparisonModel,
     CorpusModel,
     ExcessModel,
+    IdentityChangeModel,
     PairSummaryModel,
     PolicyModel,
     PromptModel,
@@ -29,6 +32,15 @@ from kdtree_parity.results import ROLES, PromptResult
 from kdtree_parity.store import Store
 
 PROMPT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class RunEnding:
+    """The final status a run is about to be stored with: its reports are written first."""
+
+    status: str
+    verdict: dict[str, Any] | None
+    error: str | None
 
 
 def _finite(x: float | None) -> float | None:
@@ -93,9 +105,22 @@ def _prompt(result: PromptResult) -> PromptModel:
     )
 
 
-def build_report(store: Store, run_id: str) -> Report:
-    """The report of ``run_id`` in whatever state it is; an unfinished run's verdict is error."""
+def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> Report:
+    """The report of ``run_id`` in whatever state it is; an unfinished run's verdict is error.
+
+    With ``ending``, the report of the run as it is about to be finished with that status.
+    """
     record = store.get_run(run_id)
+    end = record.finished_at
+    if ending is not None:
+        end = time.time()
+        record = replace(
+            record,
+            status=ending.status,
+            verdict=ending.verdict,
+            error=ending.error,
+            finished_at=end,
+        )
     loaded = parse_policy(record.policy_text, source=record.policy_source)
     results = store.results(run_id)
     summary = summarize(results, record.prompts_total)
@@ -108,7 +133,6 @@ def build_report(store: Store, run_id: str) -> Report:
             status=v.status,
             reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
         )
-    end = record.finished_at
     return Report(
         generated_at=_iso(time.time()),
         run=RunModel(
@@ -150,4 +174,10 @@ def build_report(store: Store, run_id: str) -> Report:
             ),
         ),
         prompts=[_prompt(r) for r in results],
+        identity_changes=[
+            IdentityChangeModel(
+                role=c["role"], at=_iso(c["at"]), differences=c["differences"], before=c["before"]
+            )
+            for c in record.identity_changes
+        ],
     )

@@ -33,6 +33,12 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         + f". Corpus `{report.corpus.source}` sha256 `{report.corpus.sha256[:16]}…`, "
         f"policy `{report.policy.source}` sha256 `{report.policy.sha256[:16]}…`.",
     ]
+    for change in report.identity_changes:
+        lines += [
+            "",
+            f"⚠️ **Resumed against a changed {change.role}** ({change.at}, accepted by override; "
+            f"this run holds results of more than one build): {'; '.join(change.differences)}",
+        ]
     flagged = [p for p in report.prompts if p.status in ("hard", "error", "near_tie")]
     if flagged:
         lines += ["", "| prompt | status | first divergence | reason |", "|---|---|---|---|"]

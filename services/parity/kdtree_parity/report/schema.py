@@ -141,6 +141,15 @@ class TargetModel(BaseModel):
     )
 
 
+class IdentityChangeModel(BaseModel):
+    """A target whose identity changed when the run was resumed, accepted by explicit override."""
+
+    role: Literal["baseline", "candidate", "aa"]
+    at: str
+    differences: list[str]
+    before: dict | None = Field(description="the identity recorded before the change")
+
+
 class RunModel(BaseModel):
     id: str
     status: Literal["running", "passed", "failed", "error", "interrupted"]
@@ -176,3 +185,8 @@ class Report(BaseModel):
     policy: PolicyModel
     summary: SummaryModel
     prompts: list[PromptModel]
+    identity_changes: list[IdentityChangeModel] = Field(
+        default_factory=list,
+        description="resumes that went on against a changed target (--accept-identity-change): "
+        "results from more than one build are in this run",
+    )

@@ -1,2 +1,0 @@
-# Device command of this run (variants under ab/: main, precomputed_src, precomputed_src_pv; patches in variants/)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD/.stubs KDTREE_CUDA_ARCHS=90; AB_TESTS="late_score or ragged or graph or input_variants or sweep_against_reference" OUT=$OUT bash bench/ab_kernels.sh run

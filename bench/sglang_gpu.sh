@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# bench/sglang_gpu.sh PHASE... -- real SGLang servers on the GPU machine, output under $OUT.
+#
+# Runs in the repo root there, with the SGLang payload carried as .sglsite (docs/development.md:
+# ../shared/tools/sglang-gpu-site.sh .sglsite). The kdtree packages are installed from this tree
+# as a user installs them (pip, no checkout on the path), so the kernel builds from the sources
+# its wheel carries. Caches stay under /tmp so a warm machine reuses them.
+#
+# Phases:
+#   correctness  tests/gpu/test_sglang_e2e.py (8 tiny-model servers: validate == off, parity gate)
+#   speed        bench/sglang_e2e.py on the rank model: off vs on, batch 1/8, 1k/8k/32k prompts
+#   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
+#   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
+# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase.
+set -euo pipefail
+: "${OUT:?set OUT to the output directory}"
+cd "$(dirname "$0")/.."
+site=/tmp/site
+say() { printf '[sglang_gpu %s] %s\n' "$(date +%T)" "$*"; }
+
+if [ -f .gpucache/caches.tgz ] && [ ! -d /tmp/triton-cache ]; then
+  say "restoring carried compile caches"
+  tar -C /tmp -xzf .gpucache/caches.tgz
+fi
+if [ ! -f "$site/sglang/launch_server.py" ]; then
+  say "unpacking the SGLang payload"
+  mkdir -p "$site" && tar xJf .sglsite/site.tar.xz -C "$site"
+fi
+say "installing kdtree-verify, kdtree-inference, kdtree-parity from this tree"
+python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" \
+  ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
+export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The payload's Rust radix-tree core is built for torch 2.14 and panics on 2.11: use the Python one.
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+export TRITON_CACHE_DIR=/tmp/triton-cache KDTREE_BUILD_DIR=/tmp/kdtree-build KDTREE_CUDA_ARCHS=90
+say "building the kernel from the installed package"
+python3 -m kdtree_verify._build 2>&1 | tail -2
+python3 -c 'import torch, sglang, kdtree_verify; print("sglang", sglang.__version__, "torch", torch.__version__, torch.cuda.get_device_name(), "kdtree_verify from", kdtree_verify.__file__)'
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+for phase in "$@"; do
+  say "phase $phase"
+  case $phase in
+    correctness)
+      KDTREE_E2E_OUT=$OUT/correctness python3 -m pytest -q -rs -p no:cacheprovider \
+        tests/gpu/test_sglang_e2e.py 2>&1 | tee "$OUT/correctness.log" || true
+      cp "$OUT/correctness/correctness.json" "$OUT/" || true ;;
+    speed)
+      python3 bench/models/make_model.py --preset rank --device cuda /tmp/models/rank
+      # shellcheck disable=SC2086
+      python3 bench/sglang_e2e.py --model /tmp/models/rank --out "$OUT/speed" ${SPEED_ARGS:-} \
+        2>&1 | tee "$OUT/speed.log"
+      cp "$OUT/speed/speed.json" "$OUT/" ;;
+    kernel-fp8)
+      timeout 140 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
+        tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
+    smoke)
+      python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
+      python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
+        --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+  # At most 8 files come back from a device command: each phase's folder travels as one archive.
+  if [ -d "$OUT/$phase" ]; then
+    tar -C "$OUT" -cJf "$OUT/$phase.tar.xz" "$phase" && rm -rf "${OUT:?}/$phase"
+  fi
+done
+# The compile caches, for a later command to carry (KDTREE_GPU_CACHES): Triton's, the kernel's.
+say "caches: $(du -sh /tmp/triton-cache /tmp/kdtree-build 2>/dev/null | tr '\n' ' ')"
+tar -C /tmp -czf "$OUT/caches.tgz" triton-cache kdtree-build 2>/dev/null || true
+ls -la "$OUT/caches.tgz" || true

@@ -1,0 +1,218 @@
+"""Real SGLang servers started as a user starts them (``kdtree-serve ...``), on loopback.
+
+Used by ``bench/sglang_e2e.py`` and ``tests/gpu/test_sglang_e2e.py``. A server is one
+``kdtree-serve`` process (which becomes ``python -m sglang.launch_server``) in a session of its
+own; SGLang's scheduler and detokenizer are its children. ``stop`` sends SIGTERM to that pid
+(SGLang then ends its children), and kills the whole session only if it is still there after the
+grace period, so nothing outlives a run.
+
+The servers' flags are SGLang 0.5.23's: EAGLE with a draft tree (``topk`` > 1) or a chain
+(``topk`` 1), decode CUDA graphs up to ``--cuda-graph-max-bs-decode`` (larger batches run
+eagerly, which is how one server exercises both paths), prefill graphs off (their capture of
+up to 8,192 tokens would cost minutes at start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kdtree_inference.engine.launch import LOOPBACK, free_port, health_status
+
+SPECULATION = {
+    # EAGLE's draft tree: 3 draft steps, top-4 per step, 8 tokens verified per step.
+    "tree": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+             "--speculative-num-draft-tokens", "8"),
+    # A chain: one candidate per step, 3 steps, so 4 tokens verified.
+    "chain": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4"),
+}  # fmt: skip
+GRAPH_MAX_BS = 4
+"""Decode graphs cover batches 1-4; batch 8 runs eagerly on the same server."""
+
+
+class ServerFailed(RuntimeError):
+    """A server exited, or did not become healthy, before it was ready."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server configuration: what a user would put on the command line."""
+
+    name: str
+    mode: str  # KDTREE_VERIFY: off | validate | on
+    model: Path
+    speculation: str = "tree"
+    cuda_graphs: bool = True
+    radix_cache: bool = True
+    mem_fraction: float = 0.08
+    extra: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def flags(self, port: int) -> list[str]:
+        """SGLang's arguments for this configuration (kdtree-serve passes them through)."""
+        graphs = (
+            ["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)]
+            if self.cuda_graphs
+            else ["--cuda-graph-backend-decode", "disabled"]
+        )
+        return [
+            "--model-path", str(self.model), "--dtype", "bfloat16",
+            "--attention-backend", "triton", "--sampling-backend", "pytorch",
+            "--grammar-backend", "none", "--moe-runner-backend", "triton",
+            "--mem-fraction-static", str(self.mem_fraction),
+            "--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation],
+            *graphs, "--cuda-graph-backend-prefill", "disabled",
+            *([] if self.radix_cache else ["--disable-radix-cache"]),
+            "--enable-metrics", "--host", LOOPBACK, "--port", str(port), *self.extra,
+        ]  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "model": self.model.name,
+            "speculation": self.speculation,
+            "cuda_graphs": self.cuda_graphs,
+            "radix_cache": self.radix_cache,
+        }
+
+
+def kdtree_serve() -> str:
+    """The ``kdtree-serve`` launcher on PATH (the kdtree-inference package's console script)."""
+    found = shutil.which("kdtree-serve")
+    if found is None:
+        raise ServerFailed(
+            "kdtree-serve is not on PATH: install services/inference (pip install "
+            "./services/inference) and put its scripts directory on PATH"
+        )
+    return found
+
+
+class SGLangServer:
+    """A running ``kdtree-serve`` for one :class:`ServerSpec`; its log is ``log_path``."""
+
+    def __init__(self, spec: ServerSpec, log_dir: Path, port: int | None = None) -> None:
+        self.spec = spec
+        self.port = port or free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.log_path = log_dir / f"server_{spec.name}.log"
+        self.command = [kdtree_serve(), *spec.flags(self.port)]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.env, "KDTREE_VERIFY": spec.mode}
+        with self.log_path.open("wb") as log:
+            log.write(f"$ KDTREE_VERIFY={spec.mode} {' '.join(self.command)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        self.started = time.monotonic()
+        self.ready_after_s: float | None = None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Until /health answers 200; returns the seconds it took. Raises ServerFailed."""
+        deadline = self.started + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerFailed(
+                    f"{self.spec.name}: exited with {self.proc.returncode} before ready; "
+                    f"last log lines:\n{self.log_text()[-3000:]}"
+                )
+            if health_status(self.url) == 200:
+                self.ready_after_s = time.monotonic() - self.started
+                return self.ready_after_s
+            time.sleep(1.0)
+        raise ServerFailed(f"{self.spec.name}: no healthy /health after {timeout_s:.0f} s")
+
+    def get(self, path: str, timeout_s: float = 30.0) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:
+            return resp.read().decode()
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(
+                f"{self.spec.name} {path}: HTTP {error.code}: {error.read()[:500]!r}"
+            ) from error
+
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        """SIGTERM to the launcher's pid; SIGKILL to its whole session after ``grace_s``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        # SGLang's children share the session; none may survive their launcher.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=grace_s)
+        return self.proc.returncode
+
+
+def start_all(
+    specs: list[ServerSpec],
+    log_dir: Path,
+    timeout_s: float,
+    retries: int = 1,
+    stagger_s: float = 3.0,
+) -> tuple[dict[str, SGLangServer], dict[str, str]]:
+    """Start every server at once (they share the GPU), then wait for each.
+
+    Servers that start together profile the GPU's free memory while the others allocate, and
+    SGLang refuses to start one whose share looks too small; so a server that fails is started
+    again (``retries`` times) once the first round has settled, and starts are ``stagger_s``
+    apart so that those profiles rarely overlap. Returns the healthy servers and, by name, why
+    each other one failed (that one is stopped).
+    """
+    servers = {}
+    for spec in specs:
+        servers[spec.name] = SGLangServer(spec, log_dir)
+        time.sleep(stagger_s)
+    failed: dict[str, str] = {}
+    for attempt in range(retries + 1):
+        for name, server in list(servers.items()):
+            if server.ready_after_s is not None:
+                continue
+            try:
+                took = server.wait_ready(timeout_s)
+                print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
+                failed.pop(name, None)
+            except ServerFailed as error:
+                print(f"[e2e] {name} FAILED (try {attempt + 1}): {str(error)[-1500:]}", flush=True)
+                failed[name] = str(error)
+                server.stop()
+                if attempt < retries:
+                    server.log_path.rename(server.log_path.with_suffix(f".try{attempt + 1}.log"))
+                    servers[name] = SGLangServer(server.spec, log_dir)
+                else:
+                    del servers[name]
+            except BaseException:
+                stop_all(servers)
+                raise
+        if not failed:
+            break
+    return servers, failed
+
+
+def stop_all(servers: dict[str, SGLangServer]) -> None:
+    for server in servers.values():
+        server.stop()

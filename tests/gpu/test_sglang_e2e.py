@@ -1,0 +1,300 @@
+"""Real SGLang 0.5.23 servers with the kdtree backend, end to end, on the GPU.
+
+Eight ``kdtree-serve`` servers of a seeded tiny DeepSeek-V3 model (``bench/models``) run at once
+on one GPU, each with EAGLE speculation and ``--enable-metrics``:
+
+=================  ========  ===========  ===========  ===========================================
+server             mode      speculation  CUDA graphs  what it proves
+=================  ========  ===========  ===========  ===========================================
+off_tree           off       tree         yes          the baseline; the parity gate's baseline
+validate_tree      validate  tree         yes          served tokens and logprobs == off_tree's
+off_tree_eager     off       tree         no
+validate_tree_eager validate tree         no           == off_tree_eager's, eagerly
+off_chain          off       chain        yes
+validate_chain     validate  chain        yes          == off_chain's
+on_tree            on        tree         yes          the parity gate's candidate: PASS
+on_tree_seed1      on        tree         yes          other weights: the gate must FAIL
+=================  ========  ===========  ===========  ===========================================
+
+Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
+at a time (batch 1: decode graph replays on graph servers), then one /generate call of 8
+prompts (batch 8: beyond the graphs' batch sizes, so eager on the same servers). The radix cache
+is off so that repeated prompts recompute exactly.
+
+Skips without CUDA (tests/gpu/conftest.py) or without SGLang's GPU runtime (``sgl_kernel``).
+Logs, metrics, parity reports and ``correctness.json`` go to ``KDTREE_E2E_OUT`` (default: a
+pytest temporary directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+# sgl_kernel installs on a CPU machine but its import fails there (no libcuda): an ImportError.
+pytest.importorskip(
+    "sgl_kernel", reason="needs SGLang's GPU runtime (sgl_kernel)", exc_type=ImportError
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "models"))
+
+import make_model  # noqa: E402
+from sglang_e2e import metric_sum, metric_values  # noqa: E402
+from sglang_servers import ServerSpec, start_all, stop_all  # noqa: E402
+
+from kdtree_parity.client import build_generate_request  # noqa: E402
+from kdtree_parity.corpus import CorpusEntry, load_corpus  # noqa: E402
+from kdtree_parity.generation import parse_generate_response  # noqa: E402
+from kdtree_parity.policy import load_policy  # noqa: E402
+
+POLICY = ROOT / "bench" / "models" / "parity_policy.yaml"
+PAIRS = {
+    "tree graphs": ("off_tree", "validate_tree"),
+    "tree eager": ("off_tree_eager", "validate_tree_eager"),
+    "chain graphs": ("off_chain", "validate_chain"),
+}
+# Per-layer |kernel - triton| bound on the outputs the backend compares (bf16 outputs of O(1)).
+VALIDATE_MAX_ABS = 2e-2
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory) -> Path:
+    configured = os.environ.get("KDTREE_E2E_OUT")
+    path = Path(configured) if configured else tmp_path_factory.mktemp("e2e")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[int, Path]:
+    made = {}
+    for seed in (0, 1):
+        path = tmp_path_factory.mktemp(f"tiny_seed{seed}")
+        make_model.write_model(path, "tiny", seed=seed, device="cuda")
+        made[seed] = path
+    return made
+
+
+def _specs(models: dict[int, Path]) -> list[ServerSpec]:
+    tiny, other = models[0], models[1]
+
+    def spec(name, mode, model=tiny, **kw) -> ServerSpec:
+        # Publish the comparison every 10 steps, so a short run publishes several windows.
+        env = {"KDTREE_VALIDATE_EVERY": "10"}
+        return ServerSpec(name, mode, model, radix_cache=False, mem_fraction=0.09, env=env, **kw)
+
+    return [
+        spec("off_tree", "off"),
+        spec("validate_tree", "validate"),
+        spec("off_tree_eager", "off", cuda_graphs=False),
+        spec("validate_tree_eager", "validate", cuda_graphs=False),
+        spec("off_chain", "off", speculation="chain"),
+        spec("validate_chain", "validate", speculation="chain"),
+        spec("on_tree", "on"),
+        spec("on_tree_seed1", "on", model=other),
+    ]
+
+
+@pytest.fixture(scope="module")
+def servers(models, out_dir):
+    running, failed = start_all(_specs(models), out_dir, timeout_s=420)
+    yield running, failed
+    for name, server in running.items():
+        with contextlib.suppress(OSError):
+            (out_dir / f"metrics_{name}.txt").write_text(server.get("/metrics"))
+    stop_all(running)
+
+
+def _requests() -> tuple[list[CorpusEntry], list[CorpusEntry]]:
+    """(one-at-a-time entries, the batch-8 entries).
+
+    One at a time: 12 prompts of the short corpus and two long input_ids prompts. The batch: 8
+    input_ids prompts, because SGLang hands a batch of token ids to its scheduler in one message
+    (a batch of texts goes one request at a time, so which of them share the first prefill, and
+    so its numerics, would depend on timing).
+    """
+    corpus = list(load_corpus("short").entries)
+    long_prompts = [
+        CorpusEntry(id=f"ids-{n}", input_ids=tuple(2 + (i * 7 + n) % 4000 for i in range(n)))
+        for n in (1024, 8192)
+    ]
+    batch = [
+        CorpusEntry(
+            id=f"batch-{b}", input_ids=tuple(2 + (i * 13 + 97 * b) % 4000 for i in range(n))
+        )
+        for b, n in enumerate((17, 40, 64, 96, 128, 200, 333, 512))
+    ]
+    return corpus[:12] + long_prompts, batch
+
+
+def _replay(server, entries, batch_entries, replay) -> list[dict]:
+    """Greedy generations of ``entries`` one by one, then of ``batch_entries`` in one call."""
+    results = []
+    for entry in entries:
+        answer = server.post("/generate", build_generate_request(entry, replay))
+        results.append({"id": entry.id, **parse_generate_response(answer).to_json()})
+    body = build_generate_request(batch_entries[0], replay)
+    body["input_ids"] = [list(e.input_ids) for e in batch_entries]
+    answers = server.post("/generate", body)
+    for entry, answer in zip(batch_entries, answers, strict=True):
+        results.append({"id": entry.id, "batch": 8, **parse_generate_response(answer).to_json()})
+    return results
+
+
+def _replay_or_error(server, entries, batch_entries, replay) -> list[dict] | str:
+    try:
+        return _replay(server, entries, batch_entries, replay)
+    except (RuntimeError, OSError, ValueError) as error:  # one server's failure is its own
+        return f"{type(error).__name__}: {error}"
+
+
+@pytest.fixture(scope="module")
+def generations(servers, out_dir) -> dict[str, list[dict] | str]:
+    """Each pair server's generations, or why its replay failed."""
+    running, _ = servers
+    replay = load_policy(POLICY).policy.replay
+    entries, batch_entries = _requests()
+    names = sorted({n for pair in PAIRS.values() for n in pair} & set(running))
+    with ThreadPoolExecutor(len(names) or 1) as pool:
+        futures = {
+            n: pool.submit(_replay_or_error, running[n], entries, batch_entries, replay)
+            for n in names
+        }
+        results = {n: f.result() for n, f in futures.items()}
+    for name, got in results.items():
+        (out_dir / f"generations_{name}.json").write_text(json.dumps(got) + "\n")
+    return results
+
+
+@pytest.fixture(scope="module")
+def record(out_dir):
+    """correctness.json: what each check found, written when the module ends."""
+    found: dict = {}
+    yield found
+    (out_dir / "correctness.json").write_text(json.dumps(found, indent=2) + "\n")
+
+
+def test_every_server_started(servers, record) -> None:
+    running, failed = servers
+    record["started"] = {n: s.ready_after_s for n, s in running.items()}
+    record["failed_to_start"] = {n: why[-2000:] for n, why in failed.items()}
+    assert not failed, f"servers that did not start: {sorted(failed)}"
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_validate_serves_exactly_what_off_serves(pair, generations, record) -> None:
+    off_name, validate_name = PAIRS[pair]
+    missing = [n for n in (off_name, validate_name) if n not in generations]
+    assert not missing, f"not running: {missing}"
+    off, validate = generations[off_name], generations[validate_name]
+    for name, got in ((off_name, off), (validate_name, validate)):
+        assert not isinstance(got, str), f"{name}: {got}"
+    assert len(off) == len(validate) > 0
+    assert all(len(g["output_ids"]) > 0 for g in off), "off served an empty generation"
+    differing = [a["id"] for a, b in zip(off, validate, strict=True) if a != b]
+    record.setdefault("validate_identical_to_off", {})[pair] = {
+        "requests": len(off),
+        "differing": differing,
+        "logs": [f"generations_{off_name}.json", f"generations_{validate_name}.json"],
+    }
+    assert not differing, f"validate differs from off for {differing}"
+
+
+def _forward_metrics(values: dict, prefix: str) -> dict:
+    """One served forward's figures (``prefix``: kdtree_verify or kdtree_draft_extend)."""
+    replays = metric_sum(values, f"{prefix}_graph_replays_total")
+    return {
+        "steps_eager": metric_sum(values, f"{prefix}_steps_total") - replays,
+        "steps_replay": replays,
+        "kernel_calls": metric_sum(values, f"{prefix}_kernel_calls_total"),
+        "fallbacks": {
+            labels["reason"]: v for labels, v in values.get(f"{prefix}_fallbacks_total", []) if v
+        },
+        "max_abs_error": {
+            labels["layer"]: v for labels, v in values.get(f"{prefix}_max_abs_error", [])
+        },
+        "over_tolerance": metric_sum(values, f"{prefix}_over_tolerance_total"),
+        "compared_elements": metric_sum(values, f"{prefix}_compared_elements_total"),
+    }
+
+
+@pytest.mark.parametrize("name", ["validate_tree", "validate_tree_eager", "validate_chain"])
+@pytest.mark.parametrize("prefix", ["kdtree_verify", "kdtree_draft_extend"])
+def test_validate_metrics(name, prefix, servers, generations, record) -> None:
+    running, _ = servers
+    found = _forward_metrics(metric_values(running[name].get("/metrics")), prefix)
+    record.setdefault("validate_metrics", {}).setdefault(name, {})[prefix] = {
+        **found,
+        "log": f"metrics_{name}.txt",
+    }
+    assert found["steps_eager"] > 0, "no eager step was counted"
+    if running[name].spec.cuda_graphs:
+        assert found["steps_replay"] > 0, "no step was counted on a CUDA-graph replay"
+    assert found["kernel_calls"] > 0 and found["compared_elements"] > 0
+    assert not found["fallbacks"], f"fallbacks: {found['fallbacks']}"
+    max_abs = found["max_abs_error"]
+    assert max_abs and all(v <= VALIDATE_MAX_ABS for v in max_abs.values()), max_abs
+    assert found["over_tolerance"] == 0
+
+
+def test_plugin_runs_in_the_scheduler_process(servers, record) -> None:
+    running, _ = servers
+    server = running["validate_tree"]
+    lines = [
+        line for line in server.log_text().splitlines() if "kdtree verify backend (target)" in line
+    ]
+    pids = {int(m.group(1)) for line in lines if (m := re.search(r"\bpid (\d+)\b", line))}
+    record["plugin"] = {
+        "lines": lines[:4],
+        "launcher_pid": server.proc.pid,
+        "backend_pids": sorted(pids),
+    }
+    assert lines, "the backend never logged from any process"
+    assert pids and server.proc.pid not in pids, "the backend ran in the launcher, not a scheduler"
+
+
+def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
+    running, _ = servers
+    parity_out = out_dir / "parity"
+    command = [
+        shutil.which("kdtree-parity") or "kdtree-parity", "run",
+        "--baseline", running["off_tree"].url, "--candidate", running[candidate].url,
+        "--corpus", "short", "--policy", str(POLICY), "--out", str(parity_out),
+        "--db", str(parity_out / "parity.sqlite3"), "--no-progress",
+    ]  # fmt: skip
+    parity_out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    log = parity_out / f"parity_{candidate}.log"
+    log.write_text(f"$ {' '.join(command)}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
+    reports = sorted(parity_out.glob("*/report.json"), key=lambda p: p.stat().st_mtime)
+    report = json.loads(reports[-1].read_text()) if reports else {}
+    record.setdefault("parity", {})[candidate] = {
+        "exit": done.returncode,
+        "verdict": report.get("verdict", {}).get("status"),
+        "report": str(reports[-1].relative_to(out_dir)) if reports else None,
+        "log": str(log.relative_to(out_dir)),
+    }
+    return done.returncode, report
+
+
+def test_parity_gate_passes_the_kernel_candidate(servers, out_dir, record) -> None:
+    code, report = _parity("on_tree", servers, out_dir, record)
+    assert report, "no report.json was written"
+    assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
+
+
+def test_parity_gate_fails_a_candidate_with_other_weights(servers, out_dir, record) -> None:
+    code, report = _parity("on_tree_seed1", servers, out_dir, record)
+    assert report, "no report.json was written"
+    assert (code, report["verdict"]["status"]) == (1, "fail"), report["verdict"]
