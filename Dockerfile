@@ -11,14 +11,26 @@
 # the torch it links against; 13.0 also knows sm_120 (needs >= 12.8).
 ARG CUDA_VERSION=13.0.2
 ARG UBUNTU_VERSION=24.04
+# The base images and pip's indexes are build arguments, so that a site without Docker Hub, NVIDIA's
+# registry, PyPI or PyTorch's index builds from its own mirrors (docs/operations.md, "Building
+# without the public registries"). PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS are space-separated
+# lists, read by pip from the environment in every RUN of the stages that declare them.
+ARG CUDA_BASE_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}
 ARG PYTHON_SLIM_IMAGE=python:3.12-slim-bookworm
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG SGLANG_VERSION=0.5.23
 ARG TORCH_VERSION=2.14.1
 
 # ---------------------------------------------------------------------------------------------
 # Python 3.12 on the CUDA devel base. The runtime keeps the devel base on purpose: SGLang
 # JIT-compiles some kernels (flashinfer, deep_gemm) on first use and needs nvcc and the headers.
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-python
+FROM ${CUDA_BASE_IMAGE} AS cuda-python
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
@@ -64,16 +76,6 @@ ARG SGLANG_VERSION
 ARG TORCH_VERSION
 ARG KDTREE_CUDA_ARCHS="80;90;120"
 ARG CUDA_VERSION
-ARG VCS_REF=unknown
-ARG SOURCE_URL=https://example.invalid/kdtree
-LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
-      org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.source="${SOURCE_URL}" \
-      io.kdtree.sglang.version="${SGLANG_VERSION}" \
-      io.kdtree.torch.version="${TORCH_VERSION}" \
-      io.kdtree.cuda.version="${CUDA_VERSION}" \
-      io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
 RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2"
 # The op loads the compiled extension from KDTREE_BUILD_DIR through cpp_extension, which checks
 # it against the sources (kernel/csrc) and takes a lock there: same paths as in kernel-build, and
@@ -87,25 +89,38 @@ RUN pip install --no-deps --editable /opt/kdtree/kernel \
     && pip install /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
+# Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
+# invalidates the cached layers of that RUN (the installs above are slow).
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
+      org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.kdtree.sglang.version="${SGLANG_VERSION}" \
+      io.kdtree.torch.version="${TORCH_VERSION}" \
+      io.kdtree.cuda.version="${CUDA_VERSION}" \
+      io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
 USER 10001
 WORKDIR /home/kdtree
 # KDTREE_VERIFY: off (stock SGLang), validate (both, serve SGLang's), on (serve the kernel).
 ENV KDTREE_VERIFY=on \
     KDTREE_HEALTH_PORT=30000
 EXPOSE 30000
+# Shell form (stored as CMD-SHELL): the form Docker, podman and Compose all run alike. DL3025
+# is about CMD and ENTRYPOINT; a probe has no signals to receive.
+# hadolint ignore=DL3025
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"]
+    CMD python -c "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"
 ENTRYPOINT ["kdtree-serve"]
 CMD ["--model-path", "/models", "--host", "0.0.0.0", "--port", "30000", "--attention-backend", "triton"]
 
 # ---------------------------------------------------------------------------------------------
 # The parity sidecar: no torch, no CUDA. Reports and its SQLite store go to /reports.
 FROM ${PYTHON_SLIM_IMAGE} AS parity
-ARG VCS_REF=unknown
-ARG SOURCE_URL=https://example.invalid/kdtree
-LABEL org.opencontainers.image.title="kdtree parity sidecar" \
-      org.opencontainers.image.revision="${VCS_REF}" \
-      org.opencontainers.image.source="${SOURCE_URL}"
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
@@ -113,6 +128,12 @@ COPY services/parity/ /opt/kdtree/services/parity/
 RUN pip install /opt/kdtree/services/parity \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && mkdir -p /reports && chown kdtree /reports
+# Labels last, as in the inference stage.
+ARG VCS_REF=unknown
+ARG SOURCE_URL=https://example.invalid/kdtree
+LABEL org.opencontainers.image.title="kdtree parity sidecar" \
+      org.opencontainers.image.revision="${VCS_REF}" \
+      org.opencontainers.image.source="${SOURCE_URL}"
 USER 10001
 WORKDIR /reports
 ENTRYPOINT ["kdtree-parity"]
@@ -123,25 +144,32 @@ CMD ["--help"]
 # the op's CPU implementation (no CUDA extension), kdtree_inference.
 FROM ${PYTHON_SLIM_IMAGE} AS demo
 ARG TORCH_VERSION
+ARG TORCH_INDEX_URL
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    KDTREE_HEALTH_PORT=30000
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY kernel/ /opt/kdtree/kernel/
+COPY services/inference/ /opt/kdtree/services/inference/
+RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
+# Labels last, as in the inference stage.
 ARG VCS_REF=unknown
 ARG SOURCE_URL=https://example.invalid/kdtree
 LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
       org.opencontainers.image.revision="${VCS_REF}" \
       org.opencontainers.image.source="${SOURCE_URL}" \
       io.kdtree.torch.version="${TORCH_VERSION}"
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1 \
-    KDTREE_HEALTH_PORT=30000
-RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
-COPY kernel/ /opt/kdtree/kernel/
-COPY services/inference/ /opt/kdtree/services/inference/
-RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
-    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
 USER 10001
 WORKDIR /home/kdtree
 EXPOSE 30000
+# Shell form, as in the inference stage.
+# hadolint ignore=DL3025
 HEALTHCHECK --interval=5s --timeout=5s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"]
+    CMD python -c "import os, urllib.request as r; r.urlopen('http://127.0.0.1:%s/health' % os.environ.get('KDTREE_HEALTH_PORT', '30000'), timeout=4)"
 ENTRYPOINT ["kdtree-engine"]
 CMD ["--host", "0.0.0.0", "--port", "30000"]

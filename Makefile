@@ -37,8 +37,9 @@ demo: setup
 margins: setup
 	$(PY) -m kdtree_inference.engine.margins
 
-# ---- containers and promotion (docs/operations.md). Docker with the compose
-# plugin and the NVIDIA Container Toolkit on a GPU host; promotion logic is stdlib-only Python.
+# ---- containers and promotion (docs/operations.md). Docker with the compose plugin and the
+# NVIDIA Container Toolkit on a GPU host (the demo profile needs neither GPU nor toolkit);
+# promotion logic is stdlib-only Python.
 COMPOSE ?= docker compose
 PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
 PROMOTE_ARGS ?=
@@ -46,7 +47,12 @@ REPORTS_DIR ?= $(or $(KDTREE_REPORTS_DIR),$(CURDIR)/runs/reports)
 # The sidecar writes reports into REPORTS_DIR as the invoking user.
 GATE_ENV = KDTREE_REPORTS_DIR=$(REPORTS_DIR) KDTREE_PARITY_USER=$$(id -u):$$(id -g)
 
-.PHONY: up down serve promote rollback
+.PHONY: up down serve promote rollback demo-up
+
+## demo-up: the demo profile in Docker (CPU, no GPU): two reference engines, the sidecar once; report in REPORTS_DIR/demo, exit = verdict
+demo-up:
+	mkdir -p $(REPORTS_DIR)
+	$(GATE_ENV) $(COMPOSE) --profile demo up --exit-code-from demo-parity
 
 ## up: build and start the gate in Docker: baseline (KDTREE_VERIFY=off), candidate (on), parity run
 up:

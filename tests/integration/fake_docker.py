@@ -122,6 +122,8 @@ def push(args: list[str]) -> int:
 def compose(args: list[str]) -> int:
     project = load_compose(os.environ, Path(_option(args, "--file")))
     rest = args[args.index("--file") + 2 :]
+    while rest[:1] == ["--profile"]:  # global options before the verb
+        rest = rest[2:]
     verb = rest[0]
     _fail_if_configured(verb)
     if verb == "up":

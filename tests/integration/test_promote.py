@@ -9,11 +9,13 @@ corpus and policy keep each gate run to seconds on two cores.
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,27 @@ def stage(tmp_path: Path) -> Callable[..., Stage]:
     return make_stage
 
 
+@pytest.fixture
+def registry_api() -> Iterator[str]:
+    """host:port of a loopback HTTP server answering a registry's ``GET /v2/``: all that promote's
+    registry check reads (the stand-in docker does the pushes)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/v2/" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 def _pair(reference_server: Callable[..., str], **candidate_options: Any) -> dict[str, str]:
     return {
         "inference-baseline": reference_server(env={"KDTREE_VERIFY": "off"}),
@@ -145,19 +168,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -> None:
-    sandbox = stage(_pair(reference_server))
+def test_pass_tags_and_records_then_rollback_restores(
+    reference_server, stage, registry_api: str
+) -> None:
+    # On a registry that answers, so that the pushes below get past promote's registry check.
+    image = f"{registry_api}/kdtree/inference"
+    stable = f"{image}:stable"
+    sandbox = stage(_pair(reference_server), KDTREE_IMAGE=image)
 
     first = sandbox.promote("rev1")
     assert first.returncode == 0, first.stdout + first.stderr
     images = sandbox.images()
-    assert images[STABLE] == images[f"{IMAGE}:rev1"]
-    assert ["tag", images[f"{IMAGE}:rev1"], STABLE] in sandbox.calls()
+    assert images[stable] == images[f"{image}:rev1"]
+    assert ["tag", images[f"{image}:rev1"], stable] in sandbox.calls()
     # The flow, in order: build both images, start the pair healthy, run the sidecar, stop.
-    verbs = [c[:2] if c[0] != "compose" else c[3:5] for c in sandbox.calls()]
+    # compose calls: compose --file F --profile gate VERB ...
+    assert all(c[3:5] == ["--profile", "gate"] for c in sandbox.calls() if c[0] == "compose")
+    verbs = [c[:2] if c[0] != "compose" else c[5:7] for c in sandbox.calls()]
     assert verbs.index(["build", "--build-arg"]) < verbs.index(["up", "--detach"])
     assert verbs.index(["up", "--detach"]) < verbs.index(["run", "--rm"]) < verbs.index(["down"])
-    up = next(c for c in sandbox.calls() if c[3:4] == ["up"])
+    up = next(c for c in sandbox.calls() if c[5:6] == ["up"])
     assert "--wait" in up and up[-2:] == ["inference-baseline", "inference-candidate"]
     assert not any(c[0] == "push" for c in sandbox.calls())
 
@@ -166,8 +196,8 @@ def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -
     report = Path(record["gate"]["report"])
     report_json = json.loads(report.read_text())
     assert record["action"] == "promote" and record["sequence"] == 1
-    assert record["digest"] == record["candidate"]["digest"] == images[f"{IMAGE}:rev1"]
-    assert record["baseline"] == {"ref": f"{IMAGE}:rev1", "digest": images[f"{IMAGE}:rev1"]}
+    assert record["digest"] == record["candidate"]["digest"] == images[f"{image}:rev1"]
+    assert record["baseline"] == {"ref": f"{image}:rev1", "digest": images[f"{image}:rev1"]}
     assert record["previous_digest"] is None
     assert record["gate"]["verdict"] == "pass" and record["gate"]["exit_code"] == 0
     assert record["gate"]["report_sha256"] == _sha256(report)
@@ -183,22 +213,22 @@ def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -
     second = sandbox.promote("rev2")
     assert second.returncode == 0, second.stdout + second.stderr
     images = sandbox.images()
-    assert images[STABLE] == images[f"{IMAGE}:rev2"] != images[f"{IMAGE}:rev1"]
-    assert ["push", f"{IMAGE}:rev2"] in sandbox.calls() and ["push", STABLE] in sandbox.calls()
+    assert images[stable] == images[f"{image}:rev2"] != images[f"{image}:rev1"]
+    assert ["push", f"{image}:rev2"] in sandbox.calls() and ["push", stable] in sandbox.calls()
     records = sandbox.record_files()
     assert len(records) == 2 and records[0].read_bytes() == first_bytes
     second_record = json.loads(records[1].read_text())
-    assert second_record["previous_digest"] == images[f"{IMAGE}:rev1"]
+    assert second_record["previous_digest"] == images[f"{image}:rev1"]
     assert second_record["pushed"] is True
-    assert second_record["candidate"]["repo_digests"] == [f"{IMAGE}@{images[f'{IMAGE}:rev2']}"]
+    assert second_record["candidate"]["repo_digests"] == [f"{image}@{images[f'{image}:rev2']}"]
 
     # A registry that refuses the stable push: the local stable tag is put back, nothing recorded.
-    sandbox.env["FAKE_DOCKER_FAIL"] = json.dumps({f"push {STABLE}": 1})
+    sandbox.env["FAKE_DOCKER_FAIL"] = json.dumps({f"push {stable}": 1})
     refused_push = sandbox.promote("rev3")
     assert (
-        refused_push.returncode == 2 and f"'docker push {STABLE}' exited 1" in refused_push.stderr
+        refused_push.returncode == 2 and f"'docker push {stable}' exited 1" in refused_push.stderr
     )
-    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev2"]
+    assert sandbox.images()[stable] == images[f"{image}:rev2"]
     assert len(sandbox.record_files()) == 2
     del sandbox.env["KDTREE_PUSH"], sandbox.env["FAKE_DOCKER_FAIL"]
 
@@ -211,19 +241,19 @@ def test_pass_tags_and_records_then_rollback_restores(reference_server, stage) -
 
     back = sandbox.rollback()
     assert back.returncode == 0, back.stdout + back.stderr
-    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev1"]
+    assert sandbox.images()[stable] == images[f"{image}:rev1"]
     records = sandbox.record_files()
     assert len(records) == 3 and records[0].read_bytes() == first_bytes
     rollback_record = json.loads(records[2].read_text())
     assert rollback_record["action"] == "rollback"
-    assert rollback_record["from_digest"] == images[f"{IMAGE}:rev2"]
-    assert rollback_record["digest"] == images[f"{IMAGE}:rev1"]
+    assert rollback_record["from_digest"] == images[f"{image}:rev2"]
+    assert rollback_record["digest"] == images[f"{image}:rev1"]
     assert rollback_record["reason"] == "drill"
 
     # Nothing earlier than rev1 was ever promoted: a second rollback is refused and changes nothing.
     refused = sandbox.rollback()
     assert refused.returncode != 0 and "no earlier promoted digest" in refused.stderr
-    assert sandbox.images()[STABLE] == images[f"{IMAGE}:rev1"]
+    assert sandbox.images()[stable] == images[f"{image}:rev1"]
     assert len(sandbox.record_files()) == 3
 
 
@@ -234,10 +264,17 @@ def test_failing_gate_tags_nothing_and_says_why(reference_server, stage) -> None
     assert "NOT PROMOTED: the parity gate said fail" in result.stderr
     assert "hard_divergences" in result.stderr
     assert sandbox.tag_calls() == [] and STABLE not in sandbox.images()
-    assert sandbox.record_files() == []
     [report] = sandbox.reports.glob("*/*/report.json")
     assert json.loads(report.read_text())["verdict"]["status"] == "fail"
-    assert any(c[3:4] == ["down"] for c in sandbox.calls())
+    [record_file] = sandbox.record_files()
+    record = json.loads(record_file.read_text())
+    assert record_file.name.startswith("0001-refused-")
+    assert (record["action"], record["gate"]["verdict"], record["stable_digest"]) == (
+        "refused", "fail", None,
+    )  # fmt: skip
+    assert record["gate"]["report_sha256"] == _sha256(report)
+    assert any("hard_divergences" in reason for reason in record["gate"]["reasons"])
+    assert any(c[0] == "compose" and "down" in c for c in sandbox.calls())
 
 
 def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
@@ -251,9 +288,12 @@ def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
     result = sandbox.promote("err1")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "NOT PROMOTED: the parity gate said error" in result.stderr
-    assert sandbox.tag_calls() == [] and sandbox.record_files() == []
+    assert sandbox.tag_calls() == []
     [report] = sandbox.reports.glob("*/*/report.json")
     assert json.loads(report.read_text())["verdict"]["status"] == "error"
+    [record_file] = sandbox.record_files()
+    record = json.loads(record_file.read_text())
+    assert (record["action"], record["gate"]["verdict"]) == ("refused", "error")
 
 
 def test_sidecar_refusing_its_input_is_an_error(stage) -> None:
@@ -284,7 +324,9 @@ def test_erroring_gate_tags_nothing(stage, failure: dict[str, int], message: str
     assert "NOT PROMOTED" in result.stderr and message in result.stderr
     assert sandbox.tag_calls() == [] and sandbox.record_files() == []
     if "build" not in failure:
-        assert any(c[3:4] == ["down"] for c in sandbox.calls()), "services left running"
+        assert any(c[0] == "compose" and "down" in c for c in sandbox.calls()), (
+            "services left running"
+        )
 
 
 def test_revision_comes_from_git_and_a_dirty_tree_is_refused(stage, tmp_path: Path) -> None:

@@ -7,11 +7,18 @@ tests/integration/test_promote.py; these pin the rules that flow relies on.
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
-from kdtree_parity.promote import PromotionError, RecordStore, read_gate_report
+from kdtree_parity.promote import (
+    PromotionError,
+    RecordStore,
+    check_registry,
+    read_gate_report,
+    registry_host,
+)
 
 A, B, C = ("sha256:" + ch * 64 for ch in "abc")
 
@@ -106,3 +113,57 @@ def test_gate_report_without_corpus_hash_is_an_error(tmp_path: Path) -> None:
     _report(tmp_path, "pass", corpus={})
     with pytest.raises(PromotionError, match="incomplete"):
         read_gate_report(tmp_path, 0)
+
+
+def test_a_refused_candidate_stays_out_of_the_stable_history(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store.write(_promote(A))
+    store.write({"action": "refused", "digest": B, "stable_digest": A})
+    assert store.stable_history() == [A]
+    assert [r["action"] for r in store.records()] == ["promote", "refused"]
+
+
+def test_an_interrupted_write_leaves_no_record_and_no_debris(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RecordStore(tmp_path)
+    store.write(_promote(A))
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def disk_full(_fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    # The failure comes after the text was written to the temporary file, before it is named.
+    monkeypatch.setattr("kdtree_parity.promote.os.fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        store.write(_promote(B))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert store.stable_history() == [A]
+
+
+def test_a_written_record_is_whole_and_readable_by_others(tmp_path: Path) -> None:
+    path = RecordStore(tmp_path).write(_promote(A))
+    assert json.loads(path.read_text())["digest"] == A
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize(
+    ("image", "host"),
+    [
+        ("127.0.0.1:5000/kdtree/demo", "127.0.0.1:5000"),
+        ("registry.example.com/kdtree/inference", "registry.example.com"),
+        ("localhost/kdtree/inference", "localhost"),
+        ("kdtree/inference", "registry-1.docker.io"),
+        ("inference", "registry-1.docker.io"),
+    ],
+)
+def test_the_registry_is_read_from_the_image_name(image: str, host: str) -> None:
+    assert registry_host(image) == host
+
+
+def test_a_registry_that_does_not_answer_is_an_error_naming_it() -> None:
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        with pytest.raises(PromotionError, match=f"127.0.0.1:{port}.*does not answer"):
+            check_registry(f"127.0.0.1:{port}/kdtree/demo", timeout_s=5)

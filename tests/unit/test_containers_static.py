@@ -337,8 +337,23 @@ def test_ci_workflow_runs_the_readme_test_command_on_every_push() -> None:
     workflow = _workflow("ci.yml")
     assert "push" in workflow["on"]
     steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
-    assert "bash .ci/run" in steps
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    [step] = [s for s in steps if "bash .ci/run" in s]
+    assert step.startswith("sudo ") and "--preserve-env=CI" in step  # dockerd needs root
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/container_ci.sh run make test" in ci_run
+
+
+def test_shell_scripts_pass_shellcheck() -> None:
+    scripts = [*sorted((ROOT / "scripts").glob("*.sh")), ROOT / ".ci" / "run"]
+    result = _run(_tool("shellcheck"), *map(str, scripts))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_catches_a_known_mistake(tmp_path: Path) -> None:
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/usr/bin/env bash\nrm -rf $1/\n")
+    result = _run(_tool("shellcheck"), str(script))
+    assert result.returncode != 0 and "SC2086" in result.stdout
 
 
 def test_parity_gate_workflow_gates_on_a_gpu_runner_and_keeps_the_report() -> None:

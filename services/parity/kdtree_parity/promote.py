@@ -4,16 +4,20 @@
 starts the compose pair (baseline ``KDTREE_VERIFY=off``, candidate ``on``), waits for both to be
 healthy, runs the parity sidecar once, and reads its exit code and ``report.json``. Only a pass
 whose report agrees tags the candidate's digest as ``stable`` (and pushes when asked) and writes a
-promotion record. A fail or an error tags nothing and exits non-zero with the reasons.
+promotion record. A fail or an error verdict tags nothing, writes a ``refused`` record and exits
+non-zero with the reasons. ``--gate-profile demo`` runs the same path with the CPU reference
+engine (compose's demo services) standing in for the inference image, which is how the path is
+exercised on a machine without a GPU.
 
 ``python -m kdtree_parity.promote rollback`` points ``stable`` at the digest that was stable before
 the current one, as the records tell it, and records that too.
 
 Records (``promotions/NNNN-<action>-<digest12>.json``) are the history: the current stable digest
-is the top of a stack that ``promote`` pushes and ``rollback`` pops. A record is created with
-exclusive create and is never rewritten. Only the standard library is used here, and every Docker
-action goes through the ``docker`` executable on PATH, so the whole flow is testable with a
-stand-in ``docker`` and runs from the slim parity image as well as from the dev venv.
+is the top of a stack that ``promote`` pushes and ``rollback`` pops (``refused`` leaves it alone).
+A record appears whole under its name or not at all, and is never rewritten. Only the standard
+library is used here, and every Docker action goes through the ``docker`` executable on PATH, so
+the flow runs from the slim parity image as well as from the dev venv, against a real daemon or a
+stand-in.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,8 +46,41 @@ STABLE_TAG = "stable"
 GATE_EXIT_VERDICTS = {0: "pass", 1: "fail", 2: "error"}
 # promote/rollback's own exit codes.
 EXIT_OK, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
-_RECORD_NAME = re.compile(r"^(\d{4,})-(promote|rollback)-[0-9a-f]{12}\.json$")
-GATE_SERVICES = ("inference-baseline", "inference-candidate")
+_RECORD_NAME = re.compile(r"^(\d{4,})-(promote|rollback|refused)-[0-9a-f]{12}\.json$")
+
+
+@dataclass(frozen=True)
+class GateProfile:
+    """Which compose services play baseline, candidate and sidecar, and the variables that pick
+    their images. ``demo`` runs the same promotion with the CPU reference engine standing in for
+    the inference image, so the whole path runs on a machine without a GPU."""
+
+    servers: tuple[str, str]
+    sidecar: str
+    baseline_var: str
+    candidate_var: str
+    build_target: str
+    default_image: str
+
+
+GATE_PROFILES = {
+    "gate": GateProfile(
+        servers=("inference-baseline", "inference-candidate"),
+        sidecar="parity",
+        baseline_var="KDTREE_BASELINE_IMAGE",
+        candidate_var="KDTREE_CANDIDATE_IMAGE",
+        build_target="inference",
+        default_image="kdtree/inference",
+    ),
+    "demo": GateProfile(
+        servers=("demo-baseline", "demo-candidate"),
+        sidecar="demo-parity",
+        baseline_var="KDTREE_DEMO_BASELINE_IMAGE",
+        candidate_var="KDTREE_DEMO_CANDIDATE_IMAGE",
+        build_target="demo",
+        default_image="kdtree/demo",
+    ),
+}
 
 
 class PromotionError(Exception):
@@ -145,7 +185,8 @@ class RecordStore:
         return [record for _, record in found]
 
     def stable_history(self) -> list[str]:
-        """Digests that were stable, oldest first; the last one is stable now."""
+        """Digests that were stable, oldest first; the last one is stable now (a refused
+        candidate never was)."""
         stack: list[str] = []
         for record in self.records():
             if record["action"] == "promote":
@@ -159,7 +200,12 @@ class RecordStore:
         return stack
 
     def write(self, record: dict[str, Any]) -> Path:
-        """Add ``record`` under the next sequence number; an existing file is never replaced."""
+        """Add ``record`` under the next sequence number; an existing file is never replaced.
+
+        The text goes to a hidden temporary file first, is flushed to disk, and is then linked
+        under its final name, which fails if that name exists: a reader sees the whole record or
+        none, even when the write is interrupted or the disk fills up.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         existing = [self._sequence(p.name) for p in self.directory.iterdir()]
         sequence = max([s for s in existing if s is not None], default=0) + 1
@@ -167,11 +213,23 @@ class RecordStore:
         name = f"{sequence:04d}-{record['action']}-{record['digest'].removeprefix('sha256:')[:12]}"
         path = self.directory / f"{name}.json"
         text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=self.directory)
         try:
-            with path.open("x", encoding="utf-8") as handle:  # exclusive: never overwrite
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide it from others
                 handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(temporary, path)  # exclusive: never overwrite
         except FileExistsError as exc:
             raise PromotionError(f"{path} already exists; records are never overwritten") from exc
+        finally:
+            os.unlink(temporary)
+        directory = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
         return path
 
     @staticmethod
@@ -273,6 +331,11 @@ class PromoteSettings:
     cuda_archs: str = "80;90;120"
     health_timeout_s: int = 1800
     keep_up: bool = False
+    gate_profile: str = "gate"
+
+    @property
+    def profile(self) -> GateProfile:
+        return GATE_PROFILES[self.gate_profile]
 
 
 def git_revision(repo: Path) -> tuple[str, bool]:
@@ -299,6 +362,37 @@ def git_revision(repo: Path) -> tuple[str, bool]:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def registry_host(image: str) -> str:
+    """The registry an image reference names (Docker's rule: a first component with a dot, a
+    colon or ``localhost`` is a host; anything else lives on Docker Hub)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "registry-1.docker.io"
+
+
+def check_registry(image: str, timeout_s: float = 10.0) -> None:
+    """Fail before the gate, and so before any tag or push, when the registry does not answer.
+
+    Any HTTP answer from ``/v2/`` counts as up (401 asks for the login ``docker push`` brings);
+    HTTPS is tried first, then plain HTTP, which Docker uses for loopback registries.
+    """
+    host = registry_host(image)
+    errors = []
+    for scheme in ("https", "http"):
+        try:
+            with urllib.request.urlopen(f"{scheme}://{host}/v2/", timeout=timeout_s):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError) as exc:
+            errors.append(f"{scheme}: {getattr(exc, 'reason', exc)}")
+    raise PromotionError(
+        f"the registry {host} of {image} does not answer ({'; '.join(errors)}): "
+        "nothing was gated, tagged or pushed"
+    )
 
 
 def _tag_stable(docker: Docker, digest: str, image: str, push: bool) -> list[str]:
@@ -334,14 +428,17 @@ class GateOutcome:
 def build_images(settings: PromoteSettings, docker: Docker) -> None:
     candidate_ref = f"{settings.image}:{settings.revision}"
     parity_ref = f"{settings.parity_image}:{settings.revision}"
-    step(f"building {candidate_ref} (archs {settings.cuda_archs}) and {parity_ref}")
+    target = settings.profile.build_target
+    step(
+        f"building {candidate_ref} (target {target}, archs {settings.cuda_archs}) and {parity_ref}"
+    )
     common = ["build", "--build-arg", f"VCS_REF={settings.revision}"]
     docker.run(
         *common,
         "--build-arg",
         f"KDTREE_CUDA_ARCHS={settings.cuda_archs}",
         "--target",
-        "inference",
+        target,
         "--tag",
         candidate_ref,
         str(settings.context_dir),
@@ -370,9 +467,10 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
         raise PromotionError(
             f"{out_dir} already exists: a gate run never reuses a report directory"
         )
+    profile = settings.profile
     compose_env = {
-        "KDTREE_CANDIDATE_IMAGE": candidate_ref,
-        "KDTREE_BASELINE_IMAGE": baseline_ref,
+        profile.candidate_var: candidate_ref,
+        profile.baseline_var: baseline_ref,
         "KDTREE_PARITY_IMAGE": parity_ref,
         "KDTREE_RUN_ID": run_id,
         "KDTREE_REPORTS_DIR": str(reports_dir),
@@ -380,10 +478,18 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
         "KDTREE_PARITY_USER": f"{os.getuid()}:{os.getgid()}",
     }
     compose = Docker(docker.executable, {**docker.env, **compose_env})
-    compose_args = ["compose", "--file", str(settings.compose_file)]
+    compose_args = [
+        "compose",
+        "--file",
+        str(settings.compose_file),
+        "--profile",
+        settings.gate_profile,
+    ]
     reports_dir.mkdir(parents=True, exist_ok=True)
     try:
-        step(f"starting {' and '.join(GATE_SERVICES)}; waiting up to {settings.health_timeout_s}s")
+        step(
+            f"starting {' and '.join(profile.servers)}; waiting up to {settings.health_timeout_s}s"
+        )
         compose.run(
             *compose_args,
             "up",
@@ -391,12 +497,12 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
             "--wait",
             "--wait-timeout",
             str(settings.health_timeout_s),
-            *GATE_SERVICES,
+            *profile.servers,
             capture=False,
         )
         step(f"running the parity gate (run {run_id}, report in {out_dir})")
         gate_exit = compose.run(
-            *compose_args, "run", "--rm", "parity", check=False, capture=False
+            *compose_args, "run", "--rm", profile.sidecar, check=False, capture=False
         ).returncode
     finally:
         if not settings.keep_up:
@@ -415,10 +521,13 @@ def promote(settings: PromoteSettings, docker: Docker, source_dirty: bool = Fals
     """Run the gate and, on a pass, tag ``stable`` and write the record (its path is returned).
 
     Returns None when the candidate is already stable. Raises GateRefused on fail/error verdicts
-    and PromotionError on everything else; in both cases nothing was tagged.
+    (after writing a ``refused`` record) and PromotionError on everything else; in both cases
+    nothing was tagged or pushed.
     """
     records = RecordStore(settings.records_dir)
     history = records.stable_history()  # a corrupt history stops us before any work
+    if settings.push:
+        check_registry(settings.image)
     if settings.build:
         build_images(settings, docker)
     candidate_ref = f"{settings.image}:{settings.revision}"
@@ -427,7 +536,36 @@ def promote(settings: PromoteSettings, docker: Docker, source_dirty: bool = Fals
         return None
     outcome = run_gate(settings, docker)
     gate = outcome.result
+    gate_record = {
+        "run_id": gate.run_id,
+        "verdict": gate.verdict,
+        "exit_code": gate.exit_code,
+        "reasons": gate.reasons,
+        "report": str(gate.report_path),
+        "report_sha256": gate.report_sha256,
+        "corpus_sha256": gate.corpus_sha256,
+        "policy": gate.policy,
+    }
+    gated = {
+        "image": settings.image,
+        "candidate": {"ref": candidate_ref, "digest": outcome.candidate_digest},
+        "baseline": {"ref": outcome.baseline_ref, "digest": outcome.baseline_digest},
+        "source": {"revision": settings.revision, "dirty": source_dirty},
+        "gate": gate_record,
+    }
     if gate.verdict != "pass":
+        refusal = {
+            "action": "refused",
+            "time": _now(),
+            "digest": outcome.candidate_digest,
+            "stable_digest": history[-1] if history else None,
+            **gated,
+        }
+        try:
+            step(f"refused: record {records.write(refusal)}")
+        except (PromotionError, OSError) as exc:  # the verdict stands; keep the record visible
+            print(json.dumps(refusal, indent=2, sort_keys=True), file=sys.stderr)
+            step(f"warning: the refusal record could not be written ({exc}); it is printed above")
         raise GateRefused(gate.verdict, gate.reasons, gate.exit_code)
 
     # The tag must still name what was gated (a rebuild in between would move it).
@@ -438,31 +576,15 @@ def promote(settings: PromoteSettings, docker: Docker, source_dirty: bool = Fals
         docker.run("push", candidate_ref, capture=False)
     step(f"gate passed: tagging {candidate_digest} as {settings.image}:{STABLE_TAG}")
     repo_digests = _tag_stable(docker, candidate_digest, settings.image, settings.push)
+    gated["candidate"]["repo_digests"] = repo_digests
     record = {
         "action": "promote",
         "time": _now(),
-        "image": settings.image,
         "tag": STABLE_TAG,
         "digest": candidate_digest,
         "previous_digest": history[-1] if history else None,
         "pushed": settings.push,
-        "candidate": {
-            "ref": candidate_ref,
-            "digest": candidate_digest,
-            "repo_digests": repo_digests,
-        },
-        "baseline": {"ref": outcome.baseline_ref, "digest": outcome.baseline_digest},
-        "source": {"revision": settings.revision, "dirty": source_dirty},
-        "gate": {
-            "run_id": gate.run_id,
-            "verdict": gate.verdict,
-            "exit_code": gate.exit_code,
-            "reasons": gate.reasons,
-            "report": str(gate.report_path),
-            "report_sha256": gate.report_sha256,
-            "corpus_sha256": gate.corpus_sha256,
-            "policy": gate.policy,
-        },
+        **gated,
     }
     return _write_record_or_dump(records, record)
 
@@ -533,9 +655,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument(
+            "--gate-profile",
+            choices=sorted(GATE_PROFILES),
+            default=os.environ.get("KDTREE_GATE_PROFILE", "gate"),
+            help="compose services that gate: 'gate' (the SGLang pair on GPUs) or 'demo' (the "
+            "CPU reference engine standing in for the inference image) [KDTREE_GATE_PROFILE]",
+        )
+        p.add_argument(
             "--image",
-            default=os.environ.get("KDTREE_IMAGE", "kdtree/inference"),
-            help="inference image repository [KDTREE_IMAGE]",
+            default=os.environ.get("KDTREE_IMAGE"),
+            help="image repository to promote (default: kdtree/inference, or kdtree/demo with "
+            "--gate-profile demo) [KDTREE_IMAGE]",
         )
         if name == "gate":
             p.add_argument("--run-id", help="report directory name under --reports")
@@ -624,6 +754,7 @@ def _settings(args: argparse.Namespace) -> tuple[PromoteSettings, bool]:
         cuda_archs=args.cuda_archs,
         health_timeout_s=args.health_timeout,
         keep_up=args.keep_up,
+        gate_profile=args.gate_profile,
     )
     return settings, dirty
 
@@ -635,7 +766,13 @@ def _print_refusal(verdict: str, reasons: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.gate_profile not in GATE_PROFILES:  # an environment default escapes argparse's check
+        parser.error(
+            f"KDTREE_GATE_PROFILE={args.gate_profile!r}: choose one of {sorted(GATE_PROFILES)}"
+        )
+    args.image = args.image or GATE_PROFILES[args.gate_profile].default_image
     docker = Docker()
     try:
         if args.command == "rollback":

