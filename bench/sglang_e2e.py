@@ -40,10 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_servers import ServerSpec, SGLangServer, start_all, stop_all
 
 MODES = {
-    "off": {},
-    "on": {},
+    # configuration: (KDTREE_VERIFY, more environment)
+    "off": ("off", {}),
+    "on": ("on", {}),
     # on for target verify only: what serving EAGLE's draft extend through the kernel buys.
-    "on_draft_triton": {"KDTREE_DRAFT_EXTEND": "off"},
+    "on_draft_triton": ("on", {"KDTREE_DRAFT_EXTEND": "off"}),
 }
 
 
@@ -128,15 +129,15 @@ def speed_specs(
 ) -> list[ServerSpec]:
     return [
         ServerSpec(
-            f"speed_{mode}",
-            mode.split("_")[0],
+            f"speed_{name}",
+            MODES[name][0],
             model,
             mem_fraction=mem_fraction,
             extra=extra,
-            env=MODES[mode],
+            env=MODES[name][1],
             tp=tp,
         )
-        for mode in modes
+        for name in modes
     ]
 
 

@@ -83,7 +83,6 @@ def test_installed_package_finds_its_sources_and_a_user_cache(installed, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile the extension")
 def test_installed_package_builds_its_extension(installed, tmp_path) -> None:
     out = _run_installed(
         installed, "import kdtree_verify._build as b; print(b.load().__file__)", tmp_path, 900

@@ -344,7 +344,11 @@ def test_ci_workflow_runs_the_readme_test_command_on_every_push() -> None:
 
 
 def test_shell_scripts_pass_shellcheck() -> None:
-    scripts = [*sorted((ROOT / "scripts").glob("*.sh")), ROOT / ".ci" / "run"]
+    scripts = [
+        *sorted((ROOT / "scripts").glob("*.sh")),
+        ROOT / ".ci" / "run",
+        ROOT / "bench" / "sglang_gpu.sh",
+    ]
     result = _run(_tool("shellcheck"), *map(str, scripts))
     assert result.returncode == 0, result.stdout + result.stderr
 
