@@ -10,6 +10,8 @@
 #   correctness  tests/gpu/test_sglang_e2e.py (8 tiny-model servers: validate == off, parity gate)
 #   speed        bench/sglang_e2e.py on the rank model: off vs on, batch 1/8, 1k/8k/32k prompts
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
+#   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
+#                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase.
 set -euo pipefail
@@ -55,6 +57,11 @@ for phase in "$@"; do
     kernel-fp8)
       timeout 140 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
+    fp8-bench)
+      timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log" || true
+      timeout 200 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 \
+        | tee "$OUT/bench_fp8.log" || true ;;
     smoke)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
