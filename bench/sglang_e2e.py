@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sglang_servers import ServerSpec, SGLangServer, start_all, stop_all
+from sglang_servers import GRAPH_MAX_BS, ServerSpec, SGLangServer, start_all, stop_all
 
 MODES = {
     # configuration: (KDTREE_VERIFY, more environment)
@@ -125,7 +125,12 @@ def measure(
 
 
 def speed_specs(
-    model: Path, modes: list[str], mem_fraction: float, extra: tuple[str, ...], tp: int = 1
+    model: Path,
+    modes: list[str],
+    mem_fraction: float,
+    extra: tuple[str, ...],
+    tp: int = 1,
+    graph_max_bs: int = GRAPH_MAX_BS,
 ) -> list[ServerSpec]:
     return [
         ServerSpec(
@@ -136,6 +141,7 @@ def speed_specs(
             extra=extra,
             env=MODES[name][1],
             tp=tp,
+            graph_max_bs=graph_max_bs,
         )
         for name in modes
     ]
@@ -146,8 +152,9 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
     specs = speed_specs(
-        args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp
-    )
+        args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp,
+        graph_max_bs=args.graph_max_bs,
+    )  # fmt: skip
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     try:
@@ -216,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
     parser.add_argument("--mem-fraction", type=float, default=0.12)
+    parser.add_argument(
+        "--graph-max-bs",
+        type=int,
+        default=GRAPH_MAX_BS,
+        help=f"decode CUDA graphs for batches 1..N; larger ones run eagerly (default {GRAPH_MAX_BS})",
+    )
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
@@ -231,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.tp < 1:
         print(f"sglang_e2e: --tp must be at least 1, got {args.tp}", file=sys.stderr)
+        return 2
+    if args.graph_max_bs < 1:
+        print(f"sglang_e2e: --graph-max-bs must be at least 1, got {args.graph_max_bs}",
+              file=sys.stderr)  # fmt: skip
         return 2
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:

@@ -44,7 +44,7 @@ TP_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 GRAPH_MAX_BS = 4
-"""Decode graphs cover batches 1-4; batch 8 runs eagerly on the same server."""
+"""Decode graphs cover batches 1-4 by default; batch 8 then runs eagerly on the same server."""
 
 
 class ServerFailed(RuntimeError):
@@ -63,13 +63,14 @@ class ServerSpec:
     radix_cache: bool = True
     mem_fraction: float = 0.08
     tp: int = 1
+    graph_max_bs: int = GRAPH_MAX_BS  # decode graphs cover batches 1..graph_max_bs
     extra: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
     def flags(self, port: int) -> list[str]:
         """SGLang's arguments for this configuration (kdtree-serve passes them through)."""
         graphs = (
-            ["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)]
+            ["--cuda-graph-max-bs-decode", str(self.graph_max_bs)]
             if self.cuda_graphs
             else ["--cuda-graph-backend-decode", "disabled"]
         )
@@ -92,6 +93,7 @@ class ServerSpec:
             "model": self.model.name,
             "speculation": self.speculation,
             "cuda_graphs": self.cuda_graphs,
+            "graph_max_bs": self.graph_max_bs if self.cuda_graphs else 0,
             "radix_cache": self.radix_cache,
             "tp": self.tp,
         }

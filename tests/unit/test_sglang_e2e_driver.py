@@ -33,6 +33,13 @@ def test_speed_specs_carry_the_draft_extend_switch_and_tp() -> None:
     assert by_name["speed_on_draft_triton"].mode == "on"
     assert by_name["speed_on_draft_triton"].env == {"KDTREE_DRAFT_EXTEND": "off"}
     assert {s.tp for s in specs} == {2}
+    assert {s.graph_max_bs for s in specs} == {4}
+    wide = sglang_e2e.speed_specs(Path("/m"), ["off"], 0.1, (), graph_max_bs=8)[0]
+    flags = wide.flags(30002)
+    assert flags[flags.index("--cuda-graph-max-bs-decode") + 1] == "8"
+    assert wide.describe()["graph_max_bs"] == 8
+    eager = ServerSpec("e", "off", Path("/m"), cuda_graphs=False).describe()
+    assert eager["graph_max_bs"] == 0
 
 
 def test_metric_sum_reads_labelled_samples_per_rank() -> None:
@@ -53,7 +60,12 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
     assert (
         sglang_e2e.main(["--model", str(tmp_path), "--out", str(tmp_path), "--modes", "fast"]) == 2
     )
+    assert (
+        sglang_e2e.main(["--model", str(tmp_path), "--out", str(tmp_path), "--graph-max-bs", "0"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert (
         "no config.json" in err and "--tp must be at least 1" in err and "unknown ['fast']" in err
     )
+    assert "--graph-max-bs must be at least 1, got 0" in err
