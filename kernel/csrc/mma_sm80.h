@@ -105,6 +105,17 @@ __device__ __forceinline__ void fp8x4_to_elem2x2(uint32_t x, uint32_t& lo, uint3
 #endif
 }
 
+// A bf16 pair as an fp16 pair for the MMAs of an fp8 pool (round to nearest; magnitudes above
+// fp16's 65504 saturate to +-65504, NaN stays NaN). Exact for bf16 values of magnitude 2^-14 to
+// 65504: every such bf16 (8 significant bits) is an fp16 (11).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x) {
+  // bf16 -> fp32 is exact (the bits move up 16), then one saturating conversion per pair.
+  const float lo = __uint_as_float(x << 16), hi = __uint_as_float(x & 0xffff0000u);
+  uint32_t bits;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(bits) : "f"(hi), "f"(lo));
+  return bits;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -338,11 +338,15 @@ __device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
 // warps: they are updated only from the shared per-piece maxima, in the same order), and the
 // running sum l_run of the 2 rows of its piece (summed over the pieces in the epilogue).
 //
-// kFp8Kv: the pool holds float8_e4m3fn. Its rows are read into registers (8 bytes per copy, the
-// same chunk mapping as the cp.async path) at the top of an iteration, and dequantized to Elem into
-// the free stage at its end, so shared memory, the MMAs and the softmax are the bf16 kernel's; the
-// draft rows (k_extend, Elem) still arrive by cp.async. Prefix scores take k_scale, and prefix P
-// values take v_scale before they are rounded for the P V MMA (the row sums do not).
+// kFp8Kv: the pool holds float8_e4m3fn and the MMAs run in fp16 (Mma below) whatever q's dtype:
+// e4m3 -> fp16 is one conversion per pair (cvt.rn.f16x2.e4m3x2), where bf16 would take three
+// conversion-pipe instructions per pair through fp32, and that pipe is what bound the fp8 path.
+// Pool rows are read into registers (8 bytes per copy, the same chunk mapping as the cp.async
+// path) at the top of an iteration and dequantized into the free stage at its end, so shared
+// memory and the softmax are the bf16 kernel's. Q and the draft rows (k_extend, Elem) are rounded
+// to fp16 on the way in (bf16x2_to_f16x2: exact for magnitudes 2^-14 to 65504). Prefix scores
+// take k_scale, and prefix P values take v_scale before they are rounded for the P V MMA (the row
+// sums do not).
 template <typename Elem, bool kFp8Kv>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
   constexpr int kLoadThreadsPerRow = kThreads / kBlockN;
@@ -405,6 +409,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   const uint32_t ld_dst = kv_offset(ld_row, ld_sub);
   // Pool rows in elements of the pool's type (one byte for fp8), draft rows in Elem.
   using KvElem = std::conditional_t<kFp8Kv, uint8_t, Elem>;
+  // The MMA operand type, and whether Elem rows (Q, draft rows) must be converted to it.
+  using Mma = std::conditional_t<kFp8Kv, __half, Elem>;
+  constexpr bool kConvertRows = !std::is_same_v<Mma, Elem>;
   const KvElem* k_buf = reinterpret_cast<const KvElem*>(p.k_buf);
   const KvElem* v_buf = reinterpret_cast<const KvElem*>(p.v_buf);
   const Elem* k_ext = reinterpret_cast<const Elem*>(p.k_ext);
@@ -465,8 +472,25 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 #pragma unroll
     for (int i = 0; i < kKLoads; ++i) cp_async_16(dst + i * 128, src + i * 64, s.valid ? 16 : 0);
   };
+  // Elem rows into an fp16 stage (bf16 q with an fp8 pool: the draft rows): loaded, converted
+  // and stored at once. Only the draft block's tiles take this path.
+  auto copy_converted = [&](int stage, const void* row, int n_loads) {
+    const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const Elem*>(row) + ld_sub * 8);
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      if (i >= n_loads) break;
+      uint4 e = __ldg(src + i * 8);
+      e = make_uint4(bf16x2_to_f16x2(e.x), bf16x2_to_f16x2(e.y), bf16x2_to_f16x2(e.z),
+                     bf16x2_to_f16x2(e.w));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + i * 128), "r"(e.x),
+                   "r"(e.y), "r"(e.z), "r"(e.w)
+                   : "memory");
+    }
+  };
   auto issue_v = [&](int stage, const Src& s) {
     if (kFp8Kv && s.pooled) return;  // an fp8 pool's V is its K rows' first 512 columns
+    if (kConvertRows && s.valid) return copy_converted(stage, s.v, kVLoads);
     const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
     const Elem* src = static_cast<const Elem*>(s.v) + ld_sub * 8;
 #pragma unroll
@@ -490,8 +514,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 #pragma unroll
       for (int i = 0; i < kKLoads; ++i) {
         uint4 e;
-        fp8x4_to_elem2x2<Elem>(kv8[i].x, e.x, e.y);
-        fp8x4_to_elem2x2<Elem>(kv8[i].y, e.z, e.w);
+        fp8x4_to_elem2x2<Mma>(kv8[i].x, e.x, e.y);
+        fp8x4_to_elem2x2<Mma>(kv8[i].y, e.z, e.w);
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + i * 128), "r"(e.x),
                      "r"(e.y), "r"(e.z), "r"(e.w)
                      : "memory");
@@ -510,6 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         return;
       }
     }
+    if (kConvertRows && s.valid) return copy_converted(stage, s.k, kKLoads);
     issue_k(stage, s);
   };
 
@@ -570,6 +595,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     }
   }
 
+  if constexpr (kConvertRows) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[mi][kk][e] = bf16x2_to_f16x2(qf[mi][kk][e]);
+  }
+
   float4* xch = reinterpret_cast<float4*>(smem + kXchOffset);
   const uint32_t p_smem = smem_base + kPOffset;
   float* row_stat = reinterpret_cast<float*>(smem + kRowStatOffset);  // [kBlockM][kPiecesPerRow]
@@ -626,8 +660,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         ldmatrix_x4(r, kv_smem + kv_offset(tok, c));
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ElemOps<Elem>::mma(s[mi][0], qf[mi][kk], r[0], r[1]);
-          ElemOps<Elem>::mma(s[mi][1], qf[mi][kk], r[2], r[3]);
+          ElemOps<Mma>::mma(s[mi][0], qf[mi][kk], r[0], r[1]);
+          ElemOps<Mma>::mma(s[mi][1], qf[mi][kk], r[2], r[3]);
         }
       }
     }
@@ -729,9 +763,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         const int row = piece_mi * 16 + (lane >> 2) + 8 * h;
         const int col = half * kHalfN + piece_nt * 8 + (lane & 3) * 2;  // token in the tile
         const uint32_t addr = p_smem + p_offset(row, col / 8) + (col % 8) * 2;
-        const uint32_t packed = kFp8Kv ? ElemOps<Elem>::pack(pv[2 * h] * vf[2 * h],
-                                                             pv[2 * h + 1] * vf[2 * h + 1])
-                                       : ElemOps<Elem>::pack(pv[2 * h], pv[2 * h + 1]);
+        const uint32_t packed = kFp8Kv ? ElemOps<Mma>::pack(pv[2 * h] * vf[2 * h],
+                                                            pv[2 * h + 1] * vf[2 * h + 1])
+                                       : ElemOps<Mma>::pack(pv[2 * h], pv[2 * h + 1]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
     };
@@ -802,8 +836,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         ldmatrix_x4_trans(r, kv_smem + kv_offset(tok, c));
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ElemOps<Elem>::mma(o[mi][2 * np], pa[mi], r[0], r[1]);
-          ElemOps<Elem>::mma(o[mi][2 * np + 1], pa[mi], r[2], r[3]);
+          ElemOps<Mma>::mma(o[mi][2 * np], pa[mi], r[0], r[1]);
+          ElemOps<Mma>::mma(o[mi][2 * np + 1], pa[mi], r[2], r[3]);
         }
       }
     }

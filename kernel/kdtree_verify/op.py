@@ -14,7 +14,7 @@ import math
 import torch
 
 from .reference import draft_visibility
-from .validation import validate_verify_inputs
+from .validation import FP8_KV_DTYPE, validate_verify_inputs
 
 DEFAULT_CHUNK_SIZE = 256
 """Prefix tokens per split in the CPU specification (the kernel plans its own split size)."""
@@ -67,6 +67,12 @@ def _partial_attention(
     return out, lse
 
 
+def _fp16_operand(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the fp8 kernel's fp16 MMA operand: round to nearest, saturating at 65504."""
+    finfo = torch.finfo(torch.float16)
+    return x.float().clamp(finfo.min, finfo.max).to(torch.float16).float()
+
+
 def split_kv_verify_cpu(
     q: torch.Tensor,
     k_extend: torch.Tensor,
@@ -86,8 +92,13 @@ def split_kv_verify_cpu(
     """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge.
 
     An fp8 pool's prefix partials take ``k_scale`` on the scores and ``v_scale`` on P (the
-    kernel's placement of SGLang's descales); the draft partial is unscaled.
+    kernel's placement of SGLang's descales); the draft partial is unscaled. With an fp8 pool the
+    kernel's MMAs run in fp16: bf16 q, the draft rows and P are rounded to fp16 (saturating).
+    Float32 q (the CPU op only) keeps float32 throughout.
     """
+    fp16_mma = k_buffer.dtype == FP8_KV_DTYPE and q.dtype != torch.float32
+    operand = _fp16_operand if fp16_mma else torch.Tensor.float
+    p_dtype = torch.float16 if fp16_mma else q.dtype
     total_tokens, num_heads, _ = q.shape
     out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
     lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
@@ -98,7 +109,7 @@ def split_kv_verify_cpu(
         num_draft = q_hi - q_lo
         if num_draft == 0:
             continue
-        queries = q[q_lo:q_hi].float()
+        queries = operand(q[q_lo:q_hi])
         prefix = kv_indices[kv[b] : kv[b + 1]].long()
         partial_outs, partial_lses = [], []
         for start in range(0, prefix.shape[0], chunk_size):
@@ -109,7 +120,7 @@ def split_kv_verify_cpu(
                 v_buffer[rows, 0].float(),
                 None,
                 sm_scale,
-                q.dtype,
+                p_dtype,
                 k_scale,
                 v_scale,
             )
@@ -117,8 +128,8 @@ def split_kv_verify_cpu(
             partial_lses.append(lse_i)
         visible = draft_visibility(custom_mask, mask_starts[b], num_draft, prefix.shape[0])
         o_i, lse_i = _partial_attention(
-            queries, k_extend[q_lo:q_hi, 0].float(), v_extend[q_lo:q_hi, 0].float(), visible,
-            sm_scale, q.dtype,
+            queries, operand(k_extend[q_lo:q_hi, 0]), operand(v_extend[q_lo:q_hi, 0]), visible,
+            sm_scale, p_dtype,
         )  # fmt: skip
         partial_outs.append(o_i)
         partial_lses.append(lse_i)

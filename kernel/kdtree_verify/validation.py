@@ -19,8 +19,8 @@ MASK_DTYPES = (torch.bool, torch.uint8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8_KV_DTYPE = torch.float8_e4m3fn
 """The quantized KV pool dtype (SGLang's ``--kv-cache-dtype fp8_e4m3``); scales are per layer."""
-FP16_MAX_V_SCALE = 255.0
-"""fp16 q with an fp8 pool: P (< 2^8 in the kernel) x v_scale is rounded to fp16 (max 65504)."""
+FP8_MAX_V_SCALE = 255.0
+"""An fp8 pool's P V MMAs run in fp16: P (< 2^8 in the kernel) x v_scale must stay below 65504."""
 
 
 class VerifyInputError(ValueError):
@@ -167,8 +167,8 @@ def validate_verify_inputs(
             _fail(name, f"must be a positive finite number, got {value!r}")
         if not fp8_pool and value != 1.0:
             _fail(name, f"is {value!r}, but only a float8_e4m3fn pool is scaled (use 1.0)")
-    if fp8_pool and q.dtype == torch.float16 and v_scale > FP16_MAX_V_SCALE:
-        _fail("v_scale", f"must be <= {FP16_MAX_V_SCALE} with fp16 q (P x v_scale is fp16)")
+    if fp8_pool and v_scale > FP8_MAX_V_SCALE:
+        _fail("v_scale", f"must be <= {FP8_MAX_V_SCALE} with an fp8 pool (P x v_scale is fp16)")
 
     if check_values or device.type == "cpu":
         _check_values(
