@@ -67,7 +67,7 @@ BASE_CONFIG = {
     "norm_topk_prob": True,
     "routed_scaling_factor": 2.5,
     "hidden_act": "silu",
-    "max_position_embeddings": 65536,
+    "max_position_embeddings": 131072,  # a 64k prompt plus its new tokens fits
     "rope_theta": 10000,
     "rope_scaling": None,
     "rms_norm_eps": 1e-6,
