@@ -137,8 +137,9 @@ def test_fp8_scales_act_on_the_prefix_only():
 
 
 def test_fp8_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
-    """The kernel's numerics with an fp8 pool: the dequantized values are exact in bf16, so the
-    bound is the bf16 path's (P x v_scale and the output rounded to bf16)."""
+    """The kernel's numerics with an fp8 pool: the dequantized values are exact in fp16 and bf16
+    q rounds to fp16 exactly at these magnitudes, so the bound is the bf16 path's (P x v_scale
+    rounded to fp16, the output to bf16)."""
     from kdtree_verify.testing import assert_close_bf16
 
     case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5,
@@ -147,3 +148,27 @@ def test_fp8_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
     out = verify_attention(*case.args(), **case.scales())
     assert out.dtype == torch.bfloat16
     assert_close_bf16(out, ref, "fp8 pool, bf16 CPU op")
+
+
+def test_fp8_cpu_op_models_the_fp16_operands_q_saturates_at_65504():
+    """With an fp8 pool the kernel's MMAs are fp16: a bf16 q component beyond fp16's range
+    saturates to +-65504. So 2^20 and 2^17 give the same answer, which is not the float32
+    reference's on the unsaturated q; q inside fp16's range is used exactly."""
+    case = make_case([40, 3], 4, 4, mask="tree", dtype=torch.bfloat16, seed=9, kv_dtype=FP8)
+    args = list(case.args())
+
+    def spec_with(value: float) -> tuple[torch.Tensor, torch.Tensor]:
+        q = case.q.clone()
+        q[0, 0, 5], q[1, 2, 100] = value, -value
+        args[0] = q
+        return verify_attention(*args, return_lse=True, **case.scales())
+
+    out_20, lse_20 = spec_with(2.0**20)
+    out_17, lse_17 = spec_with(2.0**17)
+    assert torch.equal(out_20, out_17) and torch.equal(lse_20, lse_17)
+    unsaturated_lse = verify_attention_reference(*args, return_lse=True, **case.scales())[1]
+    assert float((lse_17 - unsaturated_lse).abs().max()) > 1.0
+    assert bool(torch.isfinite(out_20).all())
+    lse_in_range = spec_with(2.0**12)[1]
+    ref_lse = verify_attention_reference(*args, return_lse=True, **case.scales())[1]
+    torch.testing.assert_close(lse_in_range, ref_lse, atol=0, rtol=1e-5)
