@@ -3,9 +3,10 @@
 invalid requests mixed, and the candidate killed and restarted once mid-run.
 
 At the end: no 5xx from anything (the killed candidate only drops connections), no run lost (every
-accepted run is listed and final), the store consistent with its reports, and the memory and
-open file descriptors of the long-lived processes flat. ``KDTREE_SOAK_SECONDS`` sets the length
-(default 120) and ``KDTREE_SOAK_CLIENTS`` the concurrency (default 64).
+accepted run is listed and final), the store consistent with its reports, and the memory and open
+file descriptors of the long-lived processes flat (at rest at the end, against under load early
+on). ``KDTREE_SOAK_SECONDS`` sets the length (default 120) and ``KDTREE_SOAK_CLIENTS`` the
+concurrency (default 64).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def test_soak(reference_server, tmp_path: Path) -> None:
         service.wait()
         mix = requests_for({"baseline": baseline, "candidate": proxy.url}, service.url)
 
-        async def soak() -> tuple[dict, dict, tuple[float, float]]:
+        async def soak() -> tuple[dict, tuple[float, float]]:
             start = time.monotonic()
             deadline = start + SECONDS
             limits = httpx.Limits(max_connections=CLIENTS * 2)
@@ -138,10 +139,9 @@ def test_soak(reference_server, tmp_path: Path) -> None:
                 proxy.upstream = await asyncio.to_thread(reference_server)
                 back_at = time.monotonic()
                 await asyncio.gather(*clients)
-                end = {name: footprint(pid) for name, pid in watched.items()}
-            return warm, end, (killed_at, back_at)
+            return warm, (killed_at, back_at)
 
-        warm, end, (killed_at, back_at) = asyncio.run(soak())
+        warm, (killed_at, back_at) = asyncio.run(soak())
 
         # Every accepted run ends, is listed, and the store agrees with its reports.
         runs = {}
@@ -156,6 +156,17 @@ def test_soak(reference_server, tmp_path: Path) -> None:
             ]
             time.sleep(1)
         metrics = httpx.get(service.url + "/metrics", timeout=30).text
+        # The end footprint is taken at rest: the clients' connections closed and every run
+        # finished, so what a run or a request held must have been released. (Sampled under load,
+        # the count also holds whatever runs happen to be in flight.) Closed sockets leave the
+        # servers within moments; a leak does not recede.
+        settle = time.monotonic() + 10
+        end = {name: footprint(pid) for name, pid in watched.items()}
+        while time.monotonic() < settle and any(
+            end[name][1] > warm[name][1] + 8 for name in watched
+        ):
+            time.sleep(0.5)
+            end = {name: footprint(pid) for name, pid in watched.items()}
     finally:
         proxy.close()
         service.stop()

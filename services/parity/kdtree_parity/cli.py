@@ -347,7 +347,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         console.print(f"[red]kdtree-parity serve: {exc}", highlight=False)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
+    # too), so a client never reuses a connection the service is closing at that moment.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_keep_alive=75)
     return 0
 
 

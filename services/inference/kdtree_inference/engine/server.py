@@ -122,6 +122,9 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
             port=port,
             log_level=log_level,
             access_log=False,
+            # Idle connections outlive clients' pool expiry (httpx: 5 s, uvicorn's default too), so
+            # a client never reuses a connection the server is closing at that moment.
+            timeout_keep_alive=75,
             # On SIGTERM, in-flight generations get 5 s; then they are cancelled and the engine
             # stops (a long batch must not keep a stopped server alive).
             timeout_graceful_shutdown=5,
