@@ -324,6 +324,8 @@ case ${1:-} in
     start_daemons
     load_images
     step "running in $NETNS: $*"
+    # The container tests fail, not skip, if anything they need is missing in here.
+    export KDTREE_CONTAINER_CI=1
     # In the foreground: a background command would start with SIGINT ignored, and Ctrl-C (sent
     # to the whole process group) must reach it. Teardown runs when it has ended.
     "${NSENTER[@]}" "$@"
