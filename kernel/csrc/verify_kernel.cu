@@ -65,6 +65,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// 16 bytes from registers into shared memory (rows converted on chip).
+__device__ __forceinline__ void st_shared_16(uint32_t dst, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // 4- or 8-byte async copy (kv_indices are only element-aligned); src_bytes = 0 zero-fills.
 __device__ __forceinline__ void cp_async_index(uint32_t dst, const void* src, bool is64,
@@ -478,14 +484,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     const uint32_t dst = smem_base + stage * kKvStageBytes + ld_dst;
     const uint4* src = reinterpret_cast<const uint4*>(static_cast<const Elem*>(row) + ld_sub * 8);
 #pragma unroll
-    for (int i = 0; i < kKLoads; ++i) {
-      if (i >= n_loads) break;
-      uint4 e = __ldg(src + i * 8);
-      e = make_uint4(bf16x2_to_f16x2(e.x), bf16x2_to_f16x2(e.y), bf16x2_to_f16x2(e.z),
-                     bf16x2_to_f16x2(e.w));
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + i * 128), "r"(e.x),
-                   "r"(e.y), "r"(e.z), "r"(e.w)
-                   : "memory");
+    for (int i = 0; i < n_loads; ++i) {
+      const uint4 e = __ldg(src + i * 8);
+      st_shared_16(dst + i * 128, make_uint4(bf16x2_to_f16x2(e.x), bf16x2_to_f16x2(e.y),
+                                             bf16x2_to_f16x2(e.z), bf16x2_to_f16x2(e.w)));
     }
   };
   auto issue_v = [&](int stage, const Src& s) {
@@ -516,9 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         uint4 e;
         fp8x4_to_elem2x2<Mma>(kv8[i].x, e.x, e.y);
         fp8x4_to_elem2x2<Mma>(kv8[i].y, e.z, e.w);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + i * 128), "r"(e.x),
-                     "r"(e.y), "r"(e.z), "r"(e.w)
-                     : "memory");
+        st_shared_16(dst + i * 128, e);
       }
       kv8_held = false;
     }
