@@ -7,7 +7,11 @@ from what mma.sync allows, and how far mma.sync is from wgmma. This measures the
 
 - ``registers``: HMMA m16n8k16 bf16/fp32 from register fragments, 8 independent accumulators per
   warp, at two occupancies: 8 warps per SM (the verify kernel's) and 32 warps per SM;
-- ``ldmatrix``: each ldmatrix.x4 from shared memory feeding 4 MMAs, as the kernel's main loop does.
+- ``ldmatrix``: each ldmatrix.x4 from shared memory feeding 4 MMAs, as the kernel's main loop does;
+- ``registers_fp8`` (reported apart, where fp8 mma.sync is in hardware: sm_89, sm_100 and later,
+  sm_120 included; sm_90 only emulates it): ``registers`` with m16n8k32 e4m3 operands, the rate
+  an fp8-operand kernel could reach with mma.sync. It is not part of the bf16 ceiling that
+  ``kernel_bench.py`` divides by.
 
 Usage (GPU machine): python bench/mma_ceiling.py [--arch 90] [--out bench/results/mma_ceiling.json]
 """
@@ -29,6 +33,8 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "mma_ceiling.cu"
 KERNEL_CSRC = Path(__file__).resolve().parents[1] / "kernel" / "csrc"  # mma_sm80.h
 FLOP_PER_MMA = 2 * 16 * 8 * 16
 VARIANTS = {"registers": 0, "ldmatrix": 1}
+FP8_VARIANTS = {"registers_fp8": 2}
+FLOP_PER_FP8_MMA = 2 * 16 * 8 * 32
 
 
 def build(arch: str, out_dir: Path, source: Path = SOURCE) -> Path:
@@ -61,22 +67,41 @@ def tflops(
     dll: ctypes.CDLL, variant: str, blocks: int, threads: int, iters: int, reps: int
 ) -> float:
     """TFLOP/s of one configuration; RuntimeError with the CUDA error code if it cannot run."""
-    code = VARIANTS[variant]
+    code = {**VARIANTS, **FP8_VARIANTS}[variant]
     ms = dll.mma_ceiling_ms(code, blocks, threads, iters, reps)
     if ms <= 0:
         raise RuntimeError(f"mma ceiling ({variant}): CUDA error {int(-ms)}")
     mmas = dll.mma_ceiling_mmas_per_warp(code, iters) * blocks * (threads // 32)
-    return mmas * FLOP_PER_MMA / (ms * 1e-3) / 1e12
+    flop = FLOP_PER_FP8_MMA if variant in FP8_VARIANTS else FLOP_PER_MMA
+    return mmas * flop / (ms * 1e-3) / 1e12
 
 
-def measure(dll: ctypes.CDLL, sms: int, iters: int = 20_000, reps: int = 5) -> dict:
-    """The ceilings as a JSON-ready dict (TFLOP/s), each variant at 8 and 32 warps per SM."""
+def measure(
+    dll: ctypes.CDLL, sms: int, iters: int = 20_000, reps: int = 5, variants: dict | None = None
+) -> dict:
+    """The ceilings as a JSON-ready dict (TFLOP/s), each variant at 8 and 32 warps per SM (the
+    bf16 variants unless ``variants`` names others)."""
     result = {}
-    for variant in VARIANTS:
+    for variant in variants or VARIANTS:
         for warps_per_sm in (8, 32):
             blocks = sms * warps_per_sm // 8  # 256-thread blocks, all resident at once
             key = f"mma_sync_{variant}_{warps_per_sm}_warps_per_sm_TFLOPs"
             result[key] = round(tflops(dll, variant, blocks, 256, iters, reps), 1)
+    return result
+
+
+def has_fp8_mma(major: int, minor: int) -> bool:
+    """Whether mma.sync m16n8k32 e4m3 runs in hardware (sm_89, sm_100 and later; sm_90 emulates
+    it with fp16 HMMA and separate adds)."""
+    return (major, minor) >= (8, 9) and major != 9
+
+
+def measure_all(lib: Path, props: Any) -> dict:
+    """The bf16 ceilings, and the fp8 one where the GPU has fp8 mma.sync in hardware."""
+    dll = load(lib)
+    result = measure(dll, props.multi_processor_count)
+    if has_fp8_mma(props.major, props.minor):
+        result.update(measure(dll, props.multi_processor_count, variants=FP8_VARIANTS))
     return result
 
 
@@ -104,12 +129,7 @@ def ceiling_cli(tool: str, doc: str, source: Path, measure_lib: Callable[[Path, 
 
 
 def main() -> int:
-    return ceiling_cli(
-        "mma_ceiling",
-        __doc__,
-        SOURCE,
-        lambda lib, props: measure(load(lib), props.multi_processor_count),
-    )
+    return ceiling_cli("mma_ceiling", __doc__, SOURCE, measure_all)
 
 
 if __name__ == "__main__":

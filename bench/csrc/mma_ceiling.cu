@@ -6,6 +6,12 @@
 //              ceiling of mma.sync.
 //   variant 1  "ldmatrix": as the verify kernel's main loop feeds its MMAs, every ldmatrix.x4 of a
 //              B operand from shared memory feeds 4 MMAs (2 n8 tiles x 2 m16 tiles).
+//   variant 2  "registers_fp8": variant 0 with mma.sync m16n8k32 e4m3 x e4m3 (fp32 accumulate)
+//              where the GPU has it in hardware (sm_89, sm_100 and later, sm_120 included): what an
+//              fp8-operand kernel could reach with the same instructions. sm_90 has no fp8
+//              mma.sync: ptxas emulates it (e4m3 unpacked to fp16, HMMA products, separate fp32
+//              adds), so the products of constant operands leave the loop and a "rate" there would
+//              mean nothing; the host refuses the variant on sm_90.
 //
 // Host entry point (C ABI, loaded with ctypes by bench/mma_ceiling.py): runs `reps` launches of
 // `blocks` x `threads` and returns the mean milliseconds per launch, or a negative CUDA error code.
@@ -34,6 +40,38 @@ __global__ void mma_registers(float* out, int iters) {
 #pragma unroll
   for (int k = 0; k < kChains; ++k) sum += c[k][0] + c[k][1] + c[k][2] + c[k][3];
   if (sum == 12345.f) out[threadIdx.x] = sum;  // keeps the MMAs alive, never true in practice
+}
+
+__global__ void mma_registers_fp8(float* out, int iters) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint32_t seed = threadIdx.x * 2654435761u;
+  // e4m3 values near 1 (0x38 = 1.0); a different A per chain, so no two chains are the same
+  // computation (sm_90 has no fp8 MMA: ptxas lowers it to fp16 HMMA, and would merge equal chains)
+  uint32_t a[kChains][4];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) {
+    a[k][0] = (seed & 0x38383838u) | (k * 0x01010101u);
+    a[k][1] = ((seed >> 1) & 0x38383838u) | (k * 0x01010101u);
+    a[k][2] = a[k][3] = 0x38383838u | (k * 0x01010101u);
+  }
+  const uint32_t b0 = 0x38383838u, b1 = seed & 0x38383838u;
+  float c[kChains][4] = {};
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int k = 0; k < kChains; ++k)
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(c[k][0]), "+f"(c[k][1]), "+f"(c[k][2]), "+f"(c[k][3])
+          : "r"(a[k][0]), "r"(a[k][1]), "r"(a[k][2]), "r"(a[k][3]), "r"(b0), "r"(b1));
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) sum += c[k][0] + c[k][1] + c[k][2] + c[k][3];
+  if (sum == 12345.f) out[threadIdx.x] = sum;
+#else
+  __trap();  // the host refuses this variant below sm_89
+#endif
 }
 
 __global__ void mma_ldmatrix(float* out, int iters) {
@@ -73,14 +111,27 @@ __global__ void mma_ldmatrix(float* out, int iters) {
 }  // namespace
 
 extern "C" float mma_ceiling_ms(int variant, int blocks, int threads, int iters, int reps) {
+  if (variant == 2) {  // fp8 mma.sync in hardware: sm_89, sm_100 and later (not sm_80, sm_90)
+    int device = 0, major = 0, minor = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    const bool fp8_mma = (major == 8 && minor >= 9) || major >= 10;
+    if (err == cudaSuccess && !fp8_mma) err = cudaErrorNotSupported;
+    if (err != cudaSuccess) return -static_cast<float>(err);
+  }
   float* out = nullptr;
   const cudaError_t alloc = cudaMalloc(&out, 4096 * sizeof(float));
   if (alloc != cudaSuccess) return -static_cast<float>(alloc);
   auto launch = [&] {
     if (variant == 0)
       mma_registers<<<blocks, threads>>>(out, iters);
-    else
+    else if (variant == 1)
       mma_ldmatrix<<<blocks, threads>>>(out, iters);
+    else
+      mma_registers_fp8<<<blocks, threads>>>(out, iters);
   };
   launch();  // warm-up
   cudaEvent_t start, stop;
@@ -99,7 +150,8 @@ extern "C" float mma_ceiling_ms(int variant, int blocks, int threads, int iters,
   return err == cudaSuccess ? ms / reps : -static_cast<float>(err);
 }
 
-// MMAs one warp issues in a launch of either variant (each MMA is 16 x 8 x 16 x 2 = 4096 FLOP).
+// MMAs one warp issues in a launch of any variant (16 x 8 x 16 x 2 = 4096 FLOP each for bf16,
+// 16 x 8 x 32 x 2 = 8192 for fp8).
 extern "C" long long mma_ceiling_mmas_per_warp(int variant, int iters) {
   (void)variant;
   return static_cast<long long>(iters) * kChains;
