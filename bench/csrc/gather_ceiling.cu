@@ -160,29 +160,31 @@ float launch(const uint8_t* pool, const int32_t* idx, int blocks, int tiles, int
 // pool_rows rows of 1152 B; idx: blocks * tiles * 32 row indices (host array, copied here).
 extern "C" float gather_ms(long long pool_rows, const int32_t* host_idx, int blocks, int tiles,
                            int method, int stages, long long* host_cycles) {
+  // Refused before anything is allocated: the bulk-copy methods below sm_90, unknown depths.
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess && method != 0 && major < 9) err = cudaErrorNotSupported;
+  if (err == cudaSuccess && stages != 2 && stages != 4) err = cudaErrorInvalidValue;
+  if (err != cudaSuccess) return -static_cast<float>(err);
   uint8_t* pool = nullptr;
   int32_t* idx = nullptr;
   long long* cycles = nullptr;
   int* sink = nullptr;
   const size_t n_idx = static_cast<size_t>(blocks) * tiles * kRows;
-  cudaError_t err = cudaMalloc(&pool, pool_rows * kRowBytes);
+  err = cudaMalloc(&pool, pool_rows * kRowBytes);
   if (err == cudaSuccess) err = cudaMalloc(&idx, n_idx * sizeof(int32_t));
   if (err == cudaSuccess) err = cudaMalloc(&cycles, blocks * sizeof(long long));
   if (err == cudaSuccess) err = cudaMalloc(&sink, sizeof(int));
   if (err == cudaSuccess) err = cudaMemset(pool, 0, pool_rows * kRowBytes);
   if (err == cudaSuccess)
     err = cudaMemcpy(idx, host_idx, n_idx * sizeof(int32_t), cudaMemcpyHostToDevice);
-  int device = 0, major = 0;
-  if (err == cudaSuccess) err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess && method != 0 && major < 9) err = cudaErrorNotSupported;
   float ms = 0.f;
   if (err == cudaSuccess) {
-    ms = stages == 2   ? launch<2>(pool, idx, blocks, tiles, method, cycles, sink)
-         : stages == 4 ? launch<4>(pool, idx, blocks, tiles, method, cycles, sink)
-                       : -1.f;
-    err = ms < 0 ? cudaErrorInvalidValue : cudaGetLastError();
+    ms = stages == 2 ? launch<2>(pool, idx, blocks, tiles, method, cycles, sink)
+                     : launch<4>(pool, idx, blocks, tiles, method, cycles, sink);
+    err = cudaGetLastError();
   }
   if (err == cudaSuccess)
     err = cudaMemcpy(host_cycles, cycles, blocks * sizeof(long long), cudaMemcpyDeviceToHost);
