@@ -182,7 +182,41 @@ build_images() {
       --build-arg "PYTHON_SLIM_IMAGE=$BASE_IMAGE" --build-arg "VCS_REF=$revision" \
       "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
   done
+  prune_superseded_images
 }
+
+# Each build moves the tag and leaves the previous image untagged; ours (by their title label)
+# are removed so that podman's storage holds one build of each, whatever other images it keeps.
+prune_superseded_images() {
+  local id title
+  local -a stale=()
+  while read -r id title; do
+    case $title in kdtree*) stale+=("$id") ;; esac
+  done < <(podman images --filter dangling=true \
+    --format '{{.ID}} {{index .Labels "org.opencontainers.image.title"}}')
+  [ ${#stale[@]} -eq 0 ] && return 0
+  step "removing ${#stale[@]} superseded kdtree image(s) from podman's storage"
+  podman rmi --force "${stale[@]}" >/dev/null
+}
+
+# The daemon's copy needs about twice the images' size while `docker load` runs (the archive,
+# then its layers), and the registry's pushes come on top: checked before anything starts, so a
+# full disk is named up front instead of surfacing as a failed load minutes in.
+check_disk_space() {
+  local dir=$1 target images=0 need free
+  for target in parity demo; do
+    images=$((images + $(podman image inspect --format '{{.Size}}' "localhost/kdtree/$target:latest")))
+  done
+  need=$((2 * images + 2 * 1024 ** 3))
+  mkdir -p "$dir"
+  free=$(df --output=avail -B1 "$dir" | tail -n 1)
+  [ "$free" -ge "$need" ] ||
+    die "$dir has $(gigabytes "$free") GB free and the run needs about $(gigabytes "$need") GB" \
+      "(twice the images' $(gigabytes "$images") GB, and 2 GiB for the registry's pushes):" \
+      "free some space, or point KDTREE_CI_STATE at a bigger disk"
+}
+
+gigabytes() { awk -v bytes="$1" 'BEGIN { printf "%.1f", bytes / 1e9 }'; }
 
 # ---------------------------------------------------------------------------- the daemon
 STATE=
@@ -258,8 +292,11 @@ wait_for() {
 NSENTER=()
 in_netns() { "${NSENTER[@]}" "$@"; }
 
+STATE_ROOT=${KDTREE_CI_STATE:-/var/lib/kdtree-ci}
+
 start_daemons() {
-  STATE=/var/lib/kdtree-ci/run-$$
+  check_disk_space "$STATE_ROOT"
+  STATE=$STATE_ROOT/run-$$
   NETNS=kdtree-ci-$$
   trap teardown EXIT
   trap 'exit 130' INT TERM
