@@ -239,26 +239,15 @@ teardown() {
   # dockerd stops the containerd it started; should it have been killed, that one is stopped too.
   [ -n "$STATE" ] && [ -s "$STATE/exec/containerd/containerd.pid" ] &&
     stop_pid "$(cat "$STATE/exec/containerd/containerd.pid")" 10
-  if [ -n "$STATE" ]; then
-    # Whatever still runs from this run's directory (a shim, a stray child) is named by it.
-    local pid
-    for pid in $(pgrep -f -- "$STATE/"); do
-      echo "stopping leftover process $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" >&2
-      stop_pid "$pid" 10
-    done
-  fi
   if [ "$rc" -ne 0 ] && [ -n "$STATE" ]; then
     local log
     for log in "$STATE"/dockerd.log "$STATE"/registry.log; do
       [ -s "$log" ] && { echo "--- last lines of $log" >&2; tail -n 20 "$log" >&2; }
     done
   fi
-  if [ -n "$STATE" ] && [ -d "$STATE" ]; then
-    # dockerd unmounts its layers on a clean stop; anything left mounted is unmounted before the
-    # directory goes, so nothing outside it is touched.
-    grep -o " $STATE/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l
-    rm -rf "$STATE"
-  fi
+  # Whatever still runs from this run's directory (a shim, a stray child) is named by it; dockerd
+  # unmounts its layers on a clean stop, and anything left mounted goes with the directory.
+  [ -n "$STATE" ] && [ -d "$STATE" ] && clear_run_state "$STATE"
   [ -n "$NETNS" ] && ip netns delete "$NETNS"
   exit "$rc"
 }
@@ -294,7 +283,64 @@ in_netns() { "${NSENTER[@]}" "$@"; }
 
 STATE_ROOT=${KDTREE_CI_STATE:-/var/lib/kdtree-ci}
 
+# A run killed outright (SIGKILL, a job timeout) has no teardown: its daemon's data (GBs) and its
+# namespace stay behind, named by its pid. Those of pids no longer alive are cleared first.
+clear_stale_runs() {
+  local dir pid
+  for dir in "$STATE_ROOT"/run-*; do
+    [ -d "$dir" ] || continue
+    pid=${dir##*/run-}
+    case $pid in '' | *[!0-9]*) continue ;; esac
+    kill -0 "$pid" 2>/dev/null && continue
+    step "clearing $dir and namespace kdtree-ci-$pid, left by a run that did not finish"
+    stop_netns_processes "kdtree-ci-$pid"
+    clear_run_state "$dir"
+    ip netns delete "kdtree-ci-$pid" 2>/dev/null || true
+  done
+}
+
+# The command a killed run was running may still be there, in its namespace.
+stop_netns_processes() {
+  local pid
+  for pid in $(ip netns pids "$1" 2>/dev/null); do
+    echo "stopping leftover process $pid in $1: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" >&2
+    stop_pid "$pid" 10
+  done
+}
+
+# The processes started from a run's directory: one of their arguments is a path in it (dockerd's
+# --data-root, containerd's --config, a shim's socket, the registry's settings). An argument that
+# merely mentions the path, as a shell's `-c` script may, does not count.
+processes_of_run() {
+  local dir=$1 proc arg
+  for proc in /proc/[0-9]*; do
+    [ "${proc#/proc/}" = $$ ] && continue
+    while IFS= read -r -d '' arg; do
+      case $arg in "$dir"/* | unix://"$dir"/*)
+        echo "${proc#/proc/}"
+        break
+        ;;
+      esac
+    done 2>/dev/null <"$proc/cmdline"
+  done
+}
+
+# Stops whatever still runs from a run's directory, unmounts what is mounted under it (deepest
+# first, so nothing outside it is touched) and removes it.
+clear_run_state() {
+  local dir=$1 pid
+  for pid in $(processes_of_run "$dir"); do
+    # One may have gone with another (containerd with dockerd).
+    kill -0 "$pid" 2>/dev/null || continue
+    echo "stopping leftover process $pid: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" >&2
+    stop_pid "$pid" 10
+  done
+  { grep -o " $dir/[^ ]*" /proc/mounts || true; } | sort -r | xargs -r -n1 umount -l
+  rm -rf "$dir"
+}
+
 start_daemons() {
+  clear_stale_runs
   check_disk_space "$STATE_ROOT"
   STATE=$STATE_ROOT/run-$$
   NETNS=kdtree-ci-$$

@@ -1,5 +1,6 @@
-"""scripts/container_ci.sh itself: a disk too small for the daemon's copy of the images is named
-before any daemon, registry or namespace is started.
+"""scripts/container_ci.sh itself: what an earlier run killed outright left behind is cleared, and
+a disk too small for the daemon's copy of the images is named before any daemon, registry or
+namespace of this run is started.
 
 The script runs for real (root, podman and the images this run built); only its state directory
 is put on a 16 MiB tmpfs, mounted in a private mount namespace so it vanishes with the command.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -30,21 +34,45 @@ def test_a_disk_without_room_for_the_images_is_refused_before_anything_starts(
     for command in ("unshare", "podman", "ip"):
         if shutil.which(command) is None:
             missing(f"no {command} on PATH")
-    before = _netns()
-    small = tmp_path / "small"
-    small.mkdir()
-    result = run(
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        f'mount -t tmpfs -o size=16M tmpfs "{small}" && exec scripts/container_ci.sh run true',
-        env={"KDTREE_CI_STATE": str(small / "state")},
-        check=False,
-    )
+    # An earlier run, killed before its teardown: its pid is gone, its state and namespace stay.
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    stale_run, stale_netns = f"run-{exited.pid}", f"kdtree-ci-{exited.pid}"
+    run("ip", "netns", "add", stale_netns)
+    # ... and the command it was running, still in that namespace.
+    leftover = subprocess.Popen(["ip", "netns", "exec", stale_netns, "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 30
+        while str(leftover.pid) not in run("ip", "netns", "pids", stale_netns).stdout.split():
+            assert time.monotonic() < deadline, "the leftover command never entered its namespace"
+            time.sleep(0.1)
+        before = _netns()
+        small = tmp_path / "small"
+        small.mkdir()
+        state = small / "state"
+        script = (
+            f'mount -t tmpfs -o size=16M tmpfs "{small}" '
+            f'&& mkdir -p "{state}/{stale_run}/docker" '
+            f'&& head -c 4M /dev/zero > "{state}/{stale_run}/docker/layer" '
+            f"&& {{ scripts/container_ci.sh run true; rc=$?; echo left in state: $(ls -A {state}); exit $rc; }}"
+        )
+        result = run(
+            "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            env={"KDTREE_CI_STATE": str(state)},
+            check=False,
+        )  # fmt: skip
+        after = _netns()
+    finally:
+        leftover.kill()
+        leftover_status = leftover.wait()
+        run("ip", "netns", "delete", stale_netns, check=False)
     assert result.returncode == 2, result.stderr[-4000:]
+    assert f"clearing {state}/{stale_run} and namespace {stale_netns}" in result.stderr
+    [listing] = [line for line in result.stdout.splitlines() if line.startswith("left in state:")]
+    assert listing.split() == ["left", "in", "state:"], "the stale run's directory should be gone"
+    assert after == before - {stale_netns}
+    assert f"stopping leftover process {leftover.pid} in {stale_netns}: sleep 300" in result.stderr
+    assert leftover_status == -signal.SIGTERM, "the script should have stopped it with TERM"
     refusal = re.search(
         r"container_ci: (\S+) has (\d+\.\d) GB free and the run needs about (\d+\.\d) GB "
         r"\(twice the images' (\d+\.\d) GB",
@@ -52,13 +80,12 @@ def test_a_disk_without_room_for_the_images_is_refused_before_anything_starts(
     )
     assert refusal, result.stderr[-4000:]
     where, free, need, images = refusal.groups()
-    assert where == str(small / "state")
+    assert where == str(state)
     assert float(free) < 0.1
     # The demo image alone carries torch: the estimate comes from the real images' sizes.
     assert float(images) > 0.2
     assert float(need) >= 2 * float(images)
-    # Refused up front: no daemon was started, no namespace was made or left behind.
-    assert "==> " in result.stderr and "dockerd in" not in result.stderr
+    # Refused up front: no daemon of this run was started and no namespace made.
+    assert "dockerd in" not in result.stderr
     assert "network namespace" not in result.stderr
-    assert _netns() == before
     assert not any(small.iterdir()), "the tmpfs should have gone with its mount namespace"
