@@ -301,9 +301,18 @@ clear_stale_runs() {
 
 # The command a killed run was running may still be there, in its namespace.
 stop_netns_processes() {
-  local pid
-  for pid in $(ip netns pids "$1" 2>/dev/null); do
-    echo "stopping leftover process $pid in $1: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" >&2
+  # shellcheck disable=SC2046 # one pid per word
+  stop_leftovers "in $1" $(ip netns pids "$1" 2>/dev/null)
+}
+
+# Each PID still alive (one may have gone with another: containerd with dockerd), named and
+# stopped; WHERE says where it was found.
+stop_leftovers() {
+  local where=$1 pid
+  shift
+  for pid in "$@"; do
+    kill -0 "$pid" 2>/dev/null || continue
+    echo "stopping leftover process $pid $where: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" >&2
     stop_pid "$pid" 10
   done
 }
@@ -328,13 +337,9 @@ processes_of_run() {
 # Stops whatever still runs from a run's directory, unmounts what is mounted under it (deepest
 # first, so nothing outside it is touched) and removes it.
 clear_run_state() {
-  local dir=$1 pid
-  for pid in $(processes_of_run "$dir"); do
-    # One may have gone with another (containerd with dockerd).
-    kill -0 "$pid" 2>/dev/null || continue
-    echo "stopping leftover process $pid: $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" >&2
-    stop_pid "$pid" 10
-  done
+  local dir=$1
+  # shellcheck disable=SC2046 # one pid per word
+  stop_leftovers "of $dir" $(processes_of_run "$dir")
   { grep -o " $dir/[^ ]*" /proc/mounts || true; } | sort -r | xargs -r -n1 umount -l
   rm -rf "$dir"
 }

@@ -35,6 +35,8 @@ CLIENTS = int(os.environ.get("KDTREE_SOAK_CLIENTS", "64"))
 TOKEN = "soak-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
+# Open descriptors a long-lived process may hold at the end beyond its early-run count.
+FD_SLACK = 8
 
 
 @dataclass
@@ -163,7 +165,7 @@ def test_soak(reference_server, tmp_path: Path) -> None:
         settle = time.monotonic() + 10
         end = {name: footprint(pid) for name, pid in watched.items()}
         while time.monotonic() < settle and any(
-            end[name][1] > warm[name][1] + 8 for name in watched
+            end[name][1] > warm[name][1] + FD_SLACK for name in watched
         ):
             time.sleep(0.5)
             end = {name: footprint(pid) for name, pid in watched.items()}
@@ -206,5 +208,5 @@ def test_soak(reference_server, tmp_path: Path) -> None:
 
     for name in watched:
         (rss0, fds0), (rss1, fds1) = warm[name], end[name]
-        assert fds1 <= fds0 + 8, (name, fds0, fds1)
+        assert fds1 <= fds0 + FD_SLACK, (name, fds0, fds1)
         assert rss1 <= rss0 * 1.2 + 32 * 2**20, (name, rss0, rss1)
