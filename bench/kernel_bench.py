@@ -346,15 +346,23 @@ def kdtree_layer_call(
 
 
 def kdtree_fp8_layer_call(
-    pool_fp8: torch.Tensor, inp: dict, out: torch.Tensor, lse: torch.Tensor, plan, sm_scale: float
+    pool_fp8: torch.Tensor,
+    inp: dict,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    plan,
+    sm_scale: float,
+    fp8_numerics: str = "fp16",
 ) -> Callable[[], None]:
-    """One layer call of our kernel on the fp8 pool (the same plan: it depends on shapes only)."""
+    """One layer call of our kernel on the fp8 pool (the same plan: it depends on shapes only),
+    rounding per ``fp8_numerics``."""
 
     def call() -> None:
         verify_attention_cuda(
             inp["q"], inp["k_ext"], inp["v_ext"], pool_fp8, pool_fp8[..., :DV], inp["qo_indptr"],
             inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
             False, out, lse, plan=plan, k_scale=FP8_K_SCALE, v_scale=FP8_V_SCALE,
+            fp8_numerics=fp8_numerics,
         )  # fmt: skip
 
     return call
@@ -548,6 +556,11 @@ def main() -> int:
         if fp8:
             rec["kdtree_bf16_us"] = round(timer.per_call_us(kdtree_call), 2)
             bf16_out = out.clone()
+            triton_mode_call = kdtree_fp8_layer_call(
+                pool_fp8, inp, out, lse, plan, sm_scale, fp8_numerics="triton"
+            )
+            # SGLang's roundings (the backend's default): the row-max pass and the eager max.
+            rec["kdtree_fp8_triton_numerics_us"] = round(timer.per_call_us(triton_mode_call), 2)
             kdtree_call = kdtree_fp8_layer_call(pool_fp8, inp, out, lse, plan, sm_scale)
             kdtree_call()
             torch.cuda.synchronize()
@@ -575,6 +588,9 @@ def main() -> int:
         if fp8:
             # layer calls on both sides (the plan is shared and the same)
             rec["speedup_fp8_vs_bf16"] = round(rec["kdtree_bf16_us"] / rec["kdtree_layer_us"], 2)
+            rec["triton_numerics_vs_fp16_time"] = round(
+                rec["kdtree_fp8_triton_numerics_us"] / rec["kdtree_layer_us"], 2
+            )
         rec["triton_extend_us"] = None
         rec["max_abs_diff_vs_extend"] = None
         if fp8 and extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
@@ -591,6 +607,10 @@ def main() -> int:
             rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
             kdtree_call()
             rec["max_abs_diff_vs_triton_fp8"] = float((out.float() - ext_out.float()).abs().max())
+            triton_mode_call()
+            rec["max_abs_diff_triton_numerics_vs_triton_fp8"] = float(
+                (out.float() - ext_out.float()).abs().max()
+            )
             rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
         elif extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
             ext_out = torch.empty_like(out)

@@ -55,10 +55,10 @@ for phase in "$@"; do
         2>&1 | tee "$OUT/speed.log"
       cp "$OUT/speed/speed.json" "$OUT/" ;;
     kernel-fp8)
-      timeout 140 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
+      timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
     fp8-bench)
-      timeout 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log" || true
       timeout 200 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 \
         | tee "$OUT/bench_fp8.log" || true ;;

@@ -21,20 +21,20 @@ constexpr int64_t kAlign = 256;
 
 // The workspace layout is computed in kdtree_verify/plan.py (WorkspaceLayout, which documents the
 // size formula); here we only check that every region the kernels touch lies inside the tensor.
-// offsets = [tiles, chunk, lse_part, o_part] in bytes.
+// offsets = [tiles, chunk, lse_part, o_part, row_max] in bytes.
 void attach_workspace(kdtree::VerifyParams& p, const torch::Tensor& ws,
                       const std::vector<int64_t>& offsets, int64_t slots, int64_t max_splits) {
   TORCH_CHECK(ws.is_cuda() && ws.scalar_type() == torch::kUInt8 && ws.is_contiguous(),
               "workspace must be a contiguous uint8 CUDA tensor");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(ws.data_ptr()) % kAlign == 0,
               "workspace must be 256-byte aligned");
-  constexpr int kRegions = 4;
+  constexpr int kRegions = 5;
   TORCH_CHECK(offsets.size() == kRegions, "workspace offsets: expected ", kRegions, " entries");
   TORCH_CHECK(slots >= 1 && max_splits >= 1 && max_splits <= kdtree::kMaxSplits,
               "plan: bad num_tile_slots / max_splits");
   const int64_t part_rows = max_splits > 1 ? max_splits * slots * kBlockM : 0;
   const int64_t sizes[kRegions] = {slots * static_cast<int64_t>(sizeof(kdtree::TileMeta)), 4,
-                                   part_rows * 4, part_rows * kHeadDimV * 4};
+                                   part_rows * 4, part_rows * kHeadDimV * 4, part_rows * 4};
   for (int i = 0; i < kRegions; ++i) {
     TORCH_CHECK(offsets[i] >= 0 && offsets[i] % 16 == 0 && offsets[i] + sizes[i] <= ws.numel(),
                 "workspace region ", i, " [", offsets[i], ", +", sizes[i],
@@ -45,6 +45,7 @@ void attach_workspace(kdtree::VerifyParams& p, const torch::Tensor& ws,
   p.chunk = reinterpret_cast<int32_t*>(base + offsets[1]);
   p.lse_part = reinterpret_cast<float*>(base + offsets[2]);
   p.o_part = reinterpret_cast<float*>(base + offsets[3]);
+  p.row_max = reinterpret_cast<float*>(base + offsets[4]);
   p.num_tile_slots = static_cast<int>(slots);
   p.max_splits = static_cast<int>(max_splits);
 }
@@ -115,7 +116,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
             const torch::Tensor& kv_indices, const std::optional<torch::Tensor>& mask,
             torch::Tensor& out, torch::Tensor& lse, const torch::Tensor& workspace,
             const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots,
-            int64_t max_splits, double k_scale, double v_scale) {
+            int64_t max_splits, double k_scale, double v_scale, bool fp8_triton) {
   const c10::cuda::CUDAGuard guard(q.device());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");
@@ -162,6 +163,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.kv_fp8 = kv_fp8;
   p.k_scale = static_cast<float>(k_scale);
   p.v_scale = static_cast<float>(v_scale);
+  p.fp8_triton = kv_fp8 && fp8_triton;
   p.kv_indices = kv_indices.numel() > 0 ? kv_indices.data_ptr() : nullptr;
   p.kv_indices_64 = is_index_64(kv_indices, "kv_indices");
   // V is read from the K tile in shared memory when it is the first 512 columns of the same rows.

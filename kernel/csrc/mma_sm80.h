@@ -116,6 +116,40 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x) {
   return bits;
 }
 
+// x rounded to float8_e4m3fn and back, as SGLang's Triton fp8 path rounds its MMA operands
+// (q.to(k.dtype), p.to(v.dtype): cvt.rn.satfinite.e4m3x2.f32): round to nearest even, magnitudes
+// at or above 448 to +-448, NaN stays NaN. Written with fp32 arithmetic so that sm_80, which has no
+// fp8 conversion, gives the same bits: 4 significant bits from 2^-6 up (the mantissa's 20 low
+// fp32 bits rounded away), a quantum of 2^-9 below (e4m3's subnormals).
+__device__ __forceinline__ float round_e4m3(float x) {
+  const float a = fabsf(x);
+  if (!(a < 448.f)) return a == a ? copysignf(448.f, x) : x;
+  float r;
+  if (a >= 0.015625f) {
+    const uint32_t b = __float_as_uint(a);
+    r = __uint_as_float((b + 0x7ffffu + ((b >> 20) & 1u)) & 0xfff00000u);
+  } else {
+    r = rintf(a * 512.f) * (1.f / 512.f);
+  }
+  return copysignf(fminf(r, 448.f), x);
+}
+
+// An fp16 pair with each value rounded to e4m3 (round_e4m3; every e4m3 value is an fp16).
+__device__ __forceinline__ uint32_t f16x2_round_e4m3(uint32_t x) {
+  __half2 v;
+  memcpy(&v, &x, sizeof(v));
+  const float2 f = __half22float2(v);
+  const __half2 r = __floats2half2_rn(round_e4m3(f.x), round_e4m3(f.y));
+  uint32_t bits;
+  memcpy(&bits, &r, sizeof(bits));
+  return bits;
+}
+
+// x rounded to bf16 and back (round to nearest even).
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -46,6 +46,10 @@ namespace {
 
 constexpr float kLn2 = 0.6931471805599453f;
 
+// How the kernel of an fp8 pool rounds (docs/kernel-fp8.md): fp16 operands (the default kernel),
+// SGLang's Triton roundings, or the pass before those that writes each split's row maxima.
+enum class Fp8Numerics { kFp16Operands, kTriton, kTritonRowMax };
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ int64_t load_index(const void* ptr, bool is64, int64_t i) {
@@ -353,8 +357,18 @@ __device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
 // to fp16 on the way in (bf16x2_to_f16x2: exact for magnitudes 2^-14 to 65504). Prefix scores
 // take k_scale, and prefix P values take v_scale before they are rounded for the P V MMA (the row
 // sums do not).
-template <typename Elem, bool kFp8Kv>
+//
+// Fp8Numerics::kTriton (an fp8 pool with p.fp8_triton) computes what SGLang's Triton fp8 path
+// computes: q rounded to e4m3, the running max moved on every tile (P <= 1), the prefix's P rounded
+// to e4m3 and the draft's to bf16 before the P V MMA, and each split starting from the running max
+// of every token before it, which the kTritonRowMax pass (the same kernel up to the scores) writes
+// per split into p.row_max first. The operands stay fp16 (every e4m3 value is one, and the products
+// are exact either way), so only the roundings differ from kFp16Operands.
+template <typename Elem, bool kFp8Kv, Fp8Numerics kNum>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
+  static_assert(kFp8Kv || kNum == Fp8Numerics::kFp16Operands, "Triton numerics need an fp8 pool");
+  constexpr bool kTriton = kNum != Fp8Numerics::kFp16Operands;
+  constexpr bool kRowMaxPass = kNum == Fp8Numerics::kTritonRowMax;
   constexpr int kLoadThreadsPerRow = kThreads / kBlockN;
   constexpr int kKLoads = kKvRowChunks / kLoadThreadsPerRow;  // 16-byte copies per thread
   constexpr int kVLoads = (kHeadDimV / 8) / kLoadThreadsPerRow;
@@ -377,6 +391,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   if (tile.request < 0) return;
   const RequestMeta meta = tile.req;
   if (split >= meta.num_splits) return;
+  // No split reads the last split's maxima.
+  if (kRowMaxPass && split == meta.num_splits - 1) return;
   const int mt = tile.row_tile;
   const int chunk = *p.chunk;
   const int L = meta.prefix_len;
@@ -574,7 +590,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
                         kv_offset(mi * 16 + (lane & 15),
                                   (quarter * kQkSlice + kk * 16) / 8 + (lane >> 4)));
     // (iteration 0's barrier orders these reads before tile 1's copies into stage 1)
-  } else {
+  }
+  // Q straight from global memory into the fragment layout, converted to the MMA type.
+  auto load_q_fragments = [&]() {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
       const Elem* qrow[2];
@@ -593,15 +611,30 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         qf[mi][kk][3] = row_valid[mi * 2 + 1] ? load_u32(qrow[1] + d + 8) : 0u;
       }
     }
-  }
-
-  if constexpr (kConvertRows) {
+  };
+  auto convert_q_fragments = [&]() {
+    if constexpr (kConvertRows) {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qf[mi][kk][e] = bf16x2_to_f16x2(qf[mi][kk][e]);
+    }
+  };
+  if (!p.q_rows_16b) load_q_fragments();
+  convert_q_fragments();
+  // kTriton: the prefix's scores take q.to(k.dtype), exact in fp16 once rounded; the draft's take
+  // q as it is (Triton's second stage), so the fragments are loaded again at the first tile that
+  // holds draft tokens.
+  bool q_rounded = kTriton;
+  if constexpr (kTriton) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) qf[mi][kk][e] = bf16x2_to_f16x2(qf[mi][kk][e]);
+        for (int e = 0; e < 4; ++e) qf[mi][kk][e] = f16x2_round_e4m3(qf[mi][kk][e]);
   }
 
   float4* xch = reinterpret_cast<float4*>(smem + kXchOffset);
@@ -631,6 +664,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
       o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
   float m_run[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // log2 domain, scaled scores
   float l_run[2] = {0.f, 0.f};  // piece rows, this thread's share
+  if constexpr (kNum == Fp8Numerics::kTriton) {
+    if (split > 0) {
+      // Start from the running max of every earlier split (the kTritonRowMax pass's), so that P
+      // is taken against the max of every token before it, as Triton's sequential loop takes it.
+      // The exchange area is free until the main loop.
+      float* scratch = reinterpret_cast<float*>(smem + kXchOffset);
+      constexpr int kParts = kThreads / kBlockM;
+      const int row = tid % kBlockM, part = tid / kBlockM;
+      float mx = neg_inf();
+      for (int s2 = part; s2 < split; s2 += kParts)
+        mx = fmaxf(mx, p.row_max[(static_cast<int64_t>(s2) * p.num_tile_slots + slot) * kBlockM +
+                                 row]);
+      scratch[part * kBlockM + row] = mx;
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row_local = (r >> 1) * 16 + (lane >> 2) + 8 * (r & 1);
+#pragma unroll
+        for (int k = 0; k < kParts; ++k) m_run[r] = fmaxf(m_run[r], scratch[k * kBlockM + row_local]);
+      }
+    }
+  }
+  float row_max_seen[2] = {neg_inf(), neg_inf()};  // kTritonRowMax: piece rows, this thread's share
   // > 0 (validated), so max(s) * scale = max(s * scale). The fp8 pool's scores are scaled per
   // column as they are unmasked (below).
   const float scale = kFp8Kv ? 1.f : p.scale_log2;
@@ -647,11 +703,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     // ---- partial S[32 rows, 16 tokens of this half] over this warp's 144 columns: 4
     // independent accumulator chains; each K fragment feeds both m-tiles.
     float s[kMTiles][2][4];
+    auto score_tile = [&](float (&acc)[kMTiles][2][4]) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+      for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int n = 0; n < 2; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
-    {
+        for (int n = 0; n < 2; ++n)
+          acc[mi][n][0] = acc[mi][n][1] = acc[mi][n][2] = acc[mi][n][3] = 0.f;
       const int tok = half * kHalfN + (lane & 7) + ((lane >> 4) << 3);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -660,9 +717,36 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         ldmatrix_x4(r, kv_smem + kv_offset(tok, c));
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          ElemOps<Mma>::mma(s[mi][0], qf[mi][kk], r[0], r[1]);
-          ElemOps<Mma>::mma(s[mi][1], qf[mi][kk], r[2], r[3]);
+          ElemOps<Mma>::mma(acc[mi][0], qf[mi][kk], r[0], r[1]);
+          ElemOps<Mma>::mma(acc[mi][1], qf[mi][kk], r[2], r[3]);
         }
+      }
+    };
+    score_tile(s);
+    if constexpr (kTriton) {
+      const int first_token = kv_begin + it * kBlockN;
+      if (q_rounded && min(first_token + kBlockN, kv_end) > L) {
+        // The first tile with draft tokens: its prefix columns keep the rounded q's scores, the
+        // draft columns (and every later tile) take q itself.
+        float prefix_s[kMTiles][2][4];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) prefix_s[mi][n][e] = s[mi][n][e];
+        load_q_fragments();
+        convert_q_fragments();
+        q_rounded = false;
+        score_tile(s);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (first_token + half * kHalfN + n * 8 + (lane & 3) * 2 + (e & 1) < L)
+                s[mi][n][e] = prefix_s[mi][n][e];
       }
     }
     // ---- reduce this warp's piece over the 4 quarters of its half (own share first, then the
@@ -727,20 +811,28 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     // fp8 pool: scale the scores here (prefix columns also by k_scale), so `scale` below is 1;
     // vf is the factor of each P value in the P V product (v_scale for prefix columns).
     float vf[4] = {1.f, 1.f, 1.f, 1.f};
+    bool prefix_col[4] = {true, true, true, true};
     if constexpr (kFp8Kv) {
       const float prefix_scale = p.scale_log2 * p.k_scale;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool prefix = piece_col + (e & 1) < L;
-        sp[e] *= prefix ? prefix_scale : p.scale_log2;
-        vf[e] = prefix ? p.v_scale : 1.f;
+        prefix_col[e] = piece_col + (e & 1) < L;
+        sp[e] *= prefix_col[e] ? prefix_scale : p.scale_log2;
+        vf[e] = prefix_col[e] ? p.v_scale : 1.f;
       }
+    }
+    if constexpr (kRowMaxPass) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        row_max_seen[h] = fmaxf(row_max_seen[h], fmaxf(sp[2 * h], sp[2 * h + 1]));
+      store_kv(stage ^ 1);
+      continue;
     }
 
     // ---- P against the running max. The max is lazy: it only moves (and O and l are only
     // rescaled) when some score of the CTA's tile exceeds it by more than 2^kRescaleLog2; the
-    // vote rides on the barrier that publishes P.
-    bool grow = false;
+    // vote rides on the barrier that publishes P. (kTriton: it moves on every tile.)
+    bool grow = kTriton;
     float pv[4];
     auto compute_p = [&]() {
 #pragma unroll
@@ -751,25 +843,35 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         pv[2 * h + 1] = fast_exp2(fmaf(sp[2 * h + 1], scale, -m_use));
       }
     };
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float limit = piece_of(m_run, h) + kRescaleLog2;
-      grow |= fmaxf(sp[2 * h], sp[2 * h + 1]) * scale > limit;
-    }
-    compute_p();
+    // The P V operand: P times v_scale (fp8 prefix columns); kTriton rounds P as Triton does.
+    auto p_operand = [&](int e) -> float {
+      if constexpr (kTriton)
+        // (the draft's P to q's dtype: bf16 here; fp16 q is rounded by the fp16 pack itself)
+        return prefix_col[e] ? round_e4m3(pv[e]) * vf[e]
+                             : (ElemOps<Elem>::kBF16 ? round_bf16(pv[e]) : pv[e]);
+      else
+        return pv[e] * vf[e];
+    };
     auto store_p = [&]() {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = piece_mi * 16 + (lane >> 2) + 8 * h;
         const int col = half * kHalfN + piece_nt * 8 + (lane & 3) * 2;  // token in the tile
         const uint32_t addr = p_smem + p_offset(row, col / 8) + (col % 8) * 2;
-        const uint32_t packed = kFp8Kv ? ElemOps<Mma>::pack(pv[2 * h] * vf[2 * h],
-                                                            pv[2 * h + 1] * vf[2 * h + 1])
+        const uint32_t packed = kFp8Kv ? ElemOps<Mma>::pack(p_operand(2 * h), p_operand(2 * h + 1))
                                        : ElemOps<Mma>::pack(pv[2 * h], pv[2 * h + 1]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
     };
-    store_p();
+    if constexpr (!kTriton) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float limit = piece_of(m_run, h) + kRescaleLog2;
+        grow |= fmaxf(sp[2 * h], sp[2 * h + 1]) * scale > limit;
+      }
+      compute_p();
+      store_p();
+    }
     if (__syncthreads_or(grow)) {
       // Rare (the first tile of a CTA, then only when scores jump): publish the piece row maxima,
       // move every row's max to the tile's, rescale O and l, and redo P.
@@ -847,51 +949,72 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the CTA exits
 
-  // ---- row sums: quad-reduce this thread's piece share, publish per piece, add the 4 pieces.
+  if constexpr (kRowMaxPass) {
+    // This split's max score per row: quad-reduce the piece share, then over the 4 pieces.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if ((lane & 3) == 0)
-      row_stat[(piece_mi * 16 + (lane >> 2) + 8 * h) * kPiecesPerRow + piece] = l;
-  }
-  __syncthreads();
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max_seen[h];
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if ((lane & 3) == 0)
+        row_stat[(piece_mi * 16 + (lane >> 2) + 8 * h) * kPiecesPerRow + piece] = mx;
+    }
+    __syncthreads();
+    if (tid < kBlockM) {
+      float mx = neg_inf();
+#pragma unroll
+      for (int k = 0; k < kPiecesPerRow; ++k) mx = fmaxf(mx, row_stat[tid * kPiecesPerRow + k]);
+      const bool valid = mt * kBlockM + tid < rows;
+      p.row_max[(static_cast<int64_t>(split) * p.num_tile_slots + slot) * kBlockM + tid] =
+          valid ? mx : neg_inf();
+    }
+  } else {
+    // ---- row sums: quad-reduce this thread's piece share, publish per piece, add the 4 pieces.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if ((lane & 3) == 0)
+        row_stat[(piece_mi * 16 + (lane >> 2) + 8 * h) * kPiecesPerRow + piece] = l;
+    }
+    __syncthreads();
 
-  // ---- epilogue: normalize; write the output directly (one split) or the partial.
-  const bool direct = meta.num_splits == 1;
+    // ---- epilogue: normalize; write the output directly (one split) or the partial.
+    const bool direct = meta.num_splits == 1;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int mi = r >> 1;
-    const int e0 = (r & 1) * 2;  // accumulator elements of this row in the m16n8 C layout
-    const int row_local = mi * 16 + (lane >> 2) + 8 * (r & 1);
-    float l = 0.f;
+    for (int r = 0; r < 4; ++r) {
+      const int mi = r >> 1;
+      const int e0 = (r & 1) * 2;  // accumulator elements of this row in the m16n8 C layout
+      const int row_local = mi * 16 + (lane >> 2) + 8 * (r & 1);
+      float l = 0.f;
 #pragma unroll
-    for (int k = 0; k < kPiecesPerRow; ++k) l += row_stat[row_local * kPiecesPerRow + k];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? (m_run[r] + __log2f(l)) * kLn2 : neg_inf();
-    if (!row_valid[r]) continue;
-    const int col0 = warp * kVSlice + (lane & 3) * 2;
-    const bool writes_lse = warp == 0 && (lane & 3) == 0;
-    if (direct) {
-      const int64_t tok = meta.qo_start + row_t[r];
-      Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
-                   static_cast<int64_t>(row_h[r]) * p.out_stride_head;
+      for (int k = 0; k < kPiecesPerRow; ++k) l += row_stat[row_local * kPiecesPerRow + k];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? (m_run[r] + __log2f(l)) * kLn2 : neg_inf();
+      if (!row_valid[r]) continue;
+      const int col0 = warp * kVSlice + (lane & 3) * 2;
+      const bool writes_lse = warp == 0 && (lane & 3) == 0;
+      if (direct) {
+        const int64_t tok = meta.qo_start + row_t[r];
+        Elem* orow = reinterpret_cast<Elem*>(p.out) + tok * p.out_stride_tok +
+                     static_cast<int64_t>(row_h[r]) * p.out_stride_head;
 #pragma unroll
-      for (int nt = 0; nt < kVTiles; ++nt)
-        *reinterpret_cast<uint32_t*>(orow + col0 + nt * 8) =
-            ElemOps<Elem>::pack(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
-      if (writes_lse)
-        p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(row_h[r]) * p.lse_stride_head] = lse;
-    } else {
-      const int64_t prow =
-          (static_cast<int64_t>(split) * p.num_tile_slots + slot) * kBlockM + row_local;
-      float* orow = p.o_part + prow * kHeadDimV;
+        for (int nt = 0; nt < kVTiles; ++nt)
+          *reinterpret_cast<uint32_t*>(orow + col0 + nt * 8) =
+              ElemOps<Elem>::pack(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
+        if (writes_lse)
+          p.lse[tok * p.lse_stride_tok + static_cast<int64_t>(row_h[r]) * p.lse_stride_head] = lse;
+      } else {
+        const int64_t prow =
+            (static_cast<int64_t>(split) * p.num_tile_slots + slot) * kBlockM + row_local;
+        float* orow = p.o_part + prow * kHeadDimV;
 #pragma unroll
-      for (int nt = 0; nt < kVTiles; ++nt)
-        *reinterpret_cast<float2*>(orow + col0 + nt * 8) =
-            make_float2(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
-      if (writes_lse) p.lse_part[prow] = lse;
+        for (int nt = 0; nt < kVTiles; ++nt)
+          *reinterpret_cast<float2*>(orow + col0 + nt * 8) =
+              make_float2(o[mi][nt][e0] * inv, o[mi][nt][e0 + 1] * inv);
+        if (writes_lse) p.lse_part[prow] = lse;
+      }
     }
   }
 }
@@ -1059,24 +1182,24 @@ void launch_maybe_dependent(void (*kernel)(VerifyParams), dim3 grid, int threads
   cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-template <typename Elem, bool kFp8Kv>
+template <typename Elem, bool kFp8Kv, Fp8Numerics kNum>
 void prepare_attention_kernel() {
   // Opt in to > 48 KB dynamic shared memory once per instantiation and device: the attribute
   // belongs to the kernel as loaded on the current device, so a process that uses a second GPU
   // must set it there too (tests/gpu/two_devices.py).
   static int64_t cache[kMaxDevices] = {};
   cached_per_device(cache, [](int) -> int64_t {
-    cudaFuncSetAttribute(attention_kernel<Elem, kFp8Kv>,
+    cudaFuncSetAttribute(attention_kernel<Elem, kFp8Kv, kNum>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     return 1;
   });
 }
 
-template <typename Elem, bool kFp8Kv>
+template <typename Elem, bool kFp8Kv, Fp8Numerics kNum = Fp8Numerics::kFp16Operands>
 void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
-  prepare_attention_kernel<Elem, kFp8Kv>();
-  launch_maybe_dependent(attention_kernel<Elem, kFp8Kv>, dim3(p.num_tile_slots, p.max_splits),
-                         kThreads, kSmemBytes, stream, p);
+  prepare_attention_kernel<Elem, kFp8Kv, kNum>();
+  launch_maybe_dependent(attention_kernel<Elem, kFp8Kv, kNum>,
+                         dim3(p.num_tile_slots, p.max_splits), kThreads, kSmemBytes, stream, p);
 }
 
 // How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), per device
@@ -1133,10 +1256,15 @@ void launch_plan(const VerifyParams& p, cudaStream_t stream) {
 void launch_attention(const VerifyParams& p, DType dtype, cudaStream_t stream) {
   with_elem(dtype, [&](auto elem) {
     using Elem = ElemOf<decltype(elem)>;
-    if (p.kv_fp8)
-      launch_attention_t<Elem, true>(p, stream);
-    else
+    if (!p.kv_fp8) {
       launch_attention_t<Elem, false>(p, stream);
+    } else if (!p.fp8_triton) {
+      launch_attention_t<Elem, true>(p, stream);
+    } else {
+      // The split maxima first (a programmatic dependent too: the attention grid waits for it).
+      if (p.max_splits > 1) launch_attention_t<Elem, true, Fp8Numerics::kTritonRowMax>(p, stream);
+      launch_attention_t<Elem, true, Fp8Numerics::kTriton>(p, stream);
+    }
   });
 }
 
@@ -1149,9 +1277,11 @@ int attention_ctas_per_sm(DType dtype) {
   return with_elem(dtype, [](auto elem) {
     using Elem = ElemOf<decltype(elem)>;
     // The fp8-pool instantiation has the same shared memory, hence the same occupancy.
-    prepare_attention_kernel<Elem, false>();
+    prepare_attention_kernel<Elem, false, Fp8Numerics::kFp16Operands>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_kernel<Elem, false>, kThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n,
+                                                  attention_kernel<Elem, false, Fp8Numerics::kFp16Operands>,
+                                                  kThreads,
                                                   kSmemBytes);
     return n > 0 ? n : 1;
   });

@@ -52,6 +52,9 @@ struct VerifyParams {
   // fp8 pool only: a prefix token's score is (q . k8) * k_scale * sm_scale and its value v8 *
   // v_scale (SGLang's k_descale / v_descale); the draft tokens' bf16 KV is used as is.
   float k_scale, v_scale;
+  // fp8 pool only: SGLang's Triton numerics (q and the prefix's P rounded to e4m3, the draft's P
+  // to bf16, P taken against the running max of every token before it) instead of fp16 operands.
+  bool fp8_triton;
   const void* kv_indices;
   bool kv_indices_64;
   const void* qo_indptr;
@@ -85,6 +88,7 @@ struct VerifyParams {
   int32_t* chunk;     // [1] KV tokens per split (multiple of kBlockN)
   float* o_part;      // [max_splits * num_tile_slots * kBlockM, 512] normalized partial outputs
   float* lse_part;    // [max_splits * num_tile_slots * kBlockM] partial LSE (natural log)
+  float* row_max;     // [max_splits * num_tile_slots * kBlockM] fp8_triton: each split's max score
 };
 
 enum class DType { kBF16 = 0, kFP16 = 1 };

@@ -36,6 +36,9 @@ _FRAME = re.compile(
 _USED = re.compile(r"Used (?P<regs>\d+) registers(?P<rest>.*)")
 _SMEM = re.compile(r"(?P<smem>\d+) bytes smem")
 _INT_ARG = re.compile(r"L[ij](\d+)E")  # an int template argument, e.g. Li9E
+_FP8_NUMERICS = re.compile(r"Fp8NumericsE(\d+)E")  # an Fp8Numerics template argument
+FP8_NUMERICS_SUFFIX = {"1": "triton", "2": "triton_rowmax"}
+"""Fp8Numerics values (csrc/verify_kernel.cu) -> name suffix; kFp16Operands (0) adds none."""
 
 
 @dataclass
@@ -108,7 +111,8 @@ def short_name(mangled: str) -> str:
     """'..attention_kernelI13__nv_bfloat16..' -> 'attention_kernel<bf16>'; integer template
     arguments follow the type, so the combine's two batch sizes stay apart:
     '..combine_kernelI6__halfLi9EE..' -> 'combine_kernel<fp16,9>'; the fp8-pool attention kernel
-    is 'attention_kernel<bf16,fp8kv>'."""
+    is 'attention_kernel<bf16,fp8kv>', and with SGLang's Triton numerics
+    'attention_kernel<bf16,fp8kv,triton>' (its row-max pass '...,triton_rowmax>')."""
     for name in ("plan_kernel", "attention_kernel", "combine_kernel"):
         if name in mangled:
             args = mangled[mangled.index(name) + len(name) :]
@@ -116,6 +120,7 @@ def short_name(mangled: str) -> str:
             params += _INT_ARG.findall(args)
             if "Lb1E" in args:  # attention_kernel<Elem, true>: the fp8-pool instantiation
                 params.append("fp8kv")
+            params += [FP8_NUMERICS_SUFFIX[v] for v in _FP8_NUMERICS.findall(args) if v != "0"]
             return f"{name}<{','.join(params)}>" if params else name
     return mangled
 

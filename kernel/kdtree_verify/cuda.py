@@ -95,12 +95,14 @@ def verify_attention_cuda(
     plan: VerifyPlan | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
 ) -> None:
     """Write attention into ``out`` [T, H, 512] (q's dtype) and ``lse`` [T, H] (fp32, natural log).
 
     ``causal=True`` ignores ``custom_mask`` (draft token i sees draft tokens 0..i). With ``plan``
     given, it must already be ``update``d for this qo_indptr / kv_indptr (once per forward).
-    A float8_e4m3fn pool is dequantized on chip with ``k_scale``/``v_scale``.
+    A float8_e4m3fn pool is dequantized on chip with ``k_scale``/``v_scale`` and rounded per
+    ``fp8_numerics`` (``"fp16"`` or ``"triton"``; docs/kernel-fp8.md).
     """
     check_supported(q, k_buffer, v_buffer)
     batch_size = qo_indptr.shape[0] - 1
@@ -130,4 +132,5 @@ def verify_attention_cuda(
         mask.view(torch.uint8) if mask is not None else None,
         out, lse, plan.workspace, plan.layout.offsets(), float(sm_scale), batch_size,
         plan.num_tile_slots, plan.max_splits, float(k_scale), float(v_scale),
+        fp8_numerics == "triton",
     )  # fmt: skip

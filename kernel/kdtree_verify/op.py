@@ -16,6 +16,10 @@ import torch
 from .reference import draft_visibility
 from .validation import FP8_KV_DTYPE, validate_verify_inputs
 
+KV_TILE = 32
+"""Tokens per KV tile of the kernel (kBlockN); with ``fp8_numerics="triton"`` the running max moves
+once per tile, as Triton's moves once per block (32 tokens on sm_120)."""
+
 DEFAULT_CHUNK_SIZE = 256
 """Prefix tokens per split in the CPU specification (the kernel plans its own split size)."""
 
@@ -73,6 +77,67 @@ def _fp16_operand(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(finfo.min, finfo.max).to(torch.float16).float()
 
 
+def round_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to float8_e4m3fn and back to float32 as SGLang's Triton fp8 path rounds its
+    MMA operands (``cvt.rn.satfinite``: to nearest even, magnitudes at or above 448 to +-448, NaN
+    kept)."""
+    x = x.float()
+    return x.clamp(-448.0, 448.0).to(FP8_KV_DTYPE).float().where(~torch.isnan(x), x)
+
+
+def _triton_fp8_attention(
+    queries: torch.Tensor,  # [N, H, 576] float32: the MMA operand of q
+    keys: torch.Tensor,  # [K, 576] float32: the prefix's stored values, then the draft rows
+    values: torch.Tensor,  # [K, 512] float32
+    visible: torch.Tensor,  # [N, K] bool
+    prefix_len: int,
+    sm_scale: float,
+    draft_p_dtype: torch.dtype,
+    k_scale: float,
+    v_scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel with ``fp8_numerics="triton"``: prefix scores from q rounded to e4m3, draft scores
+    from q itself (Triton's two stages). The virtual sequence is cut into splits of ``chunk_size``
+    tokens (rounded up to whole 32-token tiles); each split starts from the running max of every
+    earlier split (the kernel's row-max pass), moves it on every tile, rounds P for P V (prefix:
+    e4m3, then times v_scale; draft: to ``draft_p_dtype``) and sums P unrounded; the splits merge
+    by log-sum-exp. So the result is that of one sequential pass, whatever the split size."""
+    scores = torch.cat(
+        [
+            torch.einsum("nhd,kd->nhk", round_e4m3(queries), keys[:prefix_len])
+            * (sm_scale * k_scale),
+            torch.einsum("nhd,kd->nhk", queries, keys[prefix_len:]) * sm_scale,
+        ],
+        dim=-1,
+    )
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    shape = queries.shape[:2]
+    chunk = -(-max(chunk_size, 1) // KV_TILE) * KV_TILE
+    outs, lses = [], []
+    for begin in range(0, keys.shape[0], chunk):
+        earlier = scores[..., :begin]
+        m = earlier.amax(dim=-1) if begin else torch.full(shape, float("-inf"))
+        row_sum = torch.zeros(shape)
+        acc = torch.zeros(*shape, values.shape[-1])
+        for start in range(begin, min(begin + chunk, keys.shape[0]), KV_TILE):
+            s = scores[..., start : start + KV_TILE]
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            m_use = m_new.where(torch.isfinite(m_new), 0.0)
+            alpha = torch.exp(m - m_use).where(torch.isfinite(m), 0.0)
+            p = torch.exp(s - m_use[..., None])
+            row_sum = row_sum * alpha + p.sum(dim=-1)
+            cols = torch.arange(start, start + s.shape[-1])
+            operand = torch.where(
+                cols < prefix_len, round_e4m3(p) * v_scale, p.to(draft_p_dtype).float()
+            )
+            acc = acc * alpha[..., None] + torch.einsum("nhk,kd->nhd", operand, values[cols])
+            m = m_new
+        outs.append(acc / row_sum.clamp_min(1e-30)[..., None])
+        lses.append(torch.log(row_sum) + m.where(torch.isfinite(m), 0.0))
+    return merge_partials(outs, lses)
+
+
 def split_kv_verify_cpu(
     q: torch.Tensor,
     k_extend: torch.Tensor,
@@ -88,15 +153,23 @@ def split_kv_verify_cpu(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge.
 
     An fp8 pool's prefix partials take ``k_scale`` on the scores and ``v_scale`` on P (the
     kernel's placement of SGLang's descales); the draft partial is unscaled. With an fp8 pool the
     kernel's MMAs run in fp16: bf16 q, the draft rows and P are rounded to fp16 (saturating).
-    Float32 q (the CPU op only) keeps float32 throughout.
+    Float32 q (the CPU op only) keeps float32 throughout. ``fp8_numerics="triton"`` (fp8 pool
+    only) rounds as SGLang's Triton fp8 path does (``_triton_fp8_attention``).
     """
-    fp16_mma = k_buffer.dtype == FP8_KV_DTYPE and q.dtype != torch.float32
+    fp8_pool = k_buffer.dtype == FP8_KV_DTYPE
+    if fp8_pool and fp8_numerics == "triton":
+        return _triton_fp8_cpu(
+            q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+            custom_mask, mask_indptr, sm_scale, k_scale, v_scale, chunk_size,
+        )  # fmt: skip
+    fp16_mma = fp8_pool and q.dtype != torch.float32
     operand = _fp16_operand if fp16_mma else torch.Tensor.float
     p_dtype = torch.float16 if fp16_mma else q.dtype
     total_tokens, num_heads, _ = q.shape
@@ -137,6 +210,49 @@ def split_kv_verify_cpu(
     return out.to(q.dtype), lse
 
 
+def _triton_fp8_cpu(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    sm_scale: float,
+    k_scale: float,
+    v_scale: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``split_kv_verify_cpu`` with ``fp8_numerics="triton"``, request by request."""
+    operand = torch.Tensor.float if q.dtype == torch.float32 else _fp16_operand
+    total_tokens, num_heads, _ = q.shape
+    out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
+    lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    mask_starts = mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
+    for b in range(len(qo) - 1):
+        q_lo, q_hi = qo[b], qo[b + 1]
+        num_draft = q_hi - q_lo
+        if num_draft == 0:
+            continue
+        prefix = kv_indices[kv[b] : kv[b + 1]].long()
+        prefix_len = prefix.shape[0]
+        keys = torch.cat([k_buffer[prefix, 0].float(), operand(k_extend[q_lo:q_hi, 0])])
+        values = torch.cat([v_buffer[prefix, 0].float(), operand(v_extend[q_lo:q_hi, 0])])
+        visible = torch.ones(num_draft, prefix_len + num_draft, dtype=torch.bool)
+        visible[:, prefix_len:] = draft_visibility(
+            custom_mask, mask_starts[b], num_draft, prefix_len
+        )
+        out[q_lo:q_hi], lse[q_lo:q_hi] = _triton_fp8_attention(
+            operand(q[q_lo:q_hi]), keys, values, visible, prefix_len, sm_scale, q.dtype,
+            k_scale, v_scale, chunk_size,
+        )  # fmt: skip
+    return out.to(q.dtype), lse
+
+
 @torch.library.custom_op("kdtree::verify_attention", mutates_args=())
 def _verify_attention_op(
     q: torch.Tensor,
@@ -153,6 +269,7 @@ def _verify_attention_op(
     chunk_size: int,
     k_scale: float,
     v_scale: float,
+    fp8_numerics: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     raise NotImplementedError(
         f"kdtree::verify_attention has no implementation for device {q.device.type!r} "
@@ -180,10 +297,13 @@ def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
             "kdtree_verify: the CUDA kernel is not available in this build "
             "(kdtree_verify.cuda.verify_attention_cuda is missing); build it with `make kernel`"
         )
-    *op_args, _chunk_size, k_scale, v_scale = args  # the kernel plans its own split size
+    *op_args, _chunk_size, k_scale, v_scale, fp8_numerics = args  # the kernel plans its splits
     q, v_buffer, custom_mask = op_args[0], op_args[4], op_args[8]
     out, lse = _empty_outputs(q, v_buffer)
-    run(*op_args, causal=custom_mask is None, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale)
+    run(
+        *op_args, causal=custom_mask is None, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale,
+        fp8_numerics=fp8_numerics,
+    )  # fmt: skip
     return out, lse
 
 
@@ -210,6 +330,7 @@ def verify_attention(
     check_values: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """MLA tree-verify attention in SGLang's target-verify layout (see README, "The verify op").
 
@@ -217,19 +338,19 @@ def verify_attention(
     [T_total, H] float32. ``check_values`` adds the validation that reads tensor contents (a host
     sync on GPU; never use it under CUDA-graph capture). ``chunk_size`` is the prefix split size
     of the CPU implementation. A float8_e4m3fn pool is dequantized with ``k_scale``/``v_scale``
-    (docs/kernel-fp8.md states the numerics).
+    and rounded per ``fp8_numerics`` (docs/kernel-fp8.md states both modes' numerics).
     """
     validate_verify_inputs(
         q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         custom_mask, mask_indptr, sm_scale, check_values=check_values, k_scale=k_scale,
-        v_scale=v_scale,
+        v_scale=v_scale, fp8_numerics=fp8_numerics,
     )  # fmt: skip
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     out, lse = torch.ops.kdtree.verify_attention(
         q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         custom_mask, mask_indptr, float(sm_scale), int(chunk_size), float(k_scale),
-        float(v_scale),
+        float(v_scale), fp8_numerics,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

@@ -21,6 +21,7 @@ P = ``max_splits * S * BLOCK_M`` partial rows when ``max_splits > 1`` (else 0):
 
     48 * S (TileMeta per row tile: its request's metadata and its index) + 4 (chunk)
     + 4 * P (partial LSE) + 2048 * P (partial outputs, fp32 x 512)
+    + 4 * P (each split's row maxima: an fp8 pool with SGLang's Triton numerics)
 
 ``num_tile_slots = ceil((T_total * H + B * (BLOCK_M - 1)) / BLOCK_M)`` bounds sum_b ceil(M_b /
 BLOCK_M) for any split of T_total tokens into B requests.
@@ -56,11 +57,12 @@ class WorkspaceLayout:
     chunk: int
     lse_part: int
     o_part: int
+    row_max: int
     total_bytes: int
 
     def offsets(self) -> list[int]:
         """The order the extension expects."""
-        return [self.tiles, self.chunk, self.lse_part, self.o_part]
+        return [self.tiles, self.chunk, self.lse_part, self.o_part, self.row_max]
 
 
 def _align(x: int) -> int:
@@ -140,7 +142,9 @@ def workspace_layout(slots: int, max_splits: int) -> WorkspaceLayout:
     off = _align(off + 4 * partial_rows)
     o_part = off
     off = _align(off + 4 * V_DIM * partial_rows)
-    return WorkspaceLayout(tiles, chunk, lse_part, o_part, off)
+    row_max = off
+    off = _align(off + 4 * partial_rows)
+    return WorkspaceLayout(tiles, chunk, lse_part, o_part, row_max, off)
 
 
 @dataclass

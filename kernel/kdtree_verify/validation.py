@@ -21,6 +21,10 @@ FP8_KV_DTYPE = torch.float8_e4m3fn
 """The quantized KV pool dtype (SGLang's ``--kv-cache-dtype fp8_e4m3``); scales are per layer."""
 FP8_MAX_V_SCALE = 255.0
 """An fp8 pool's P V MMAs run in fp16: P (< 2^8 in the kernel) x v_scale must stay below 65504."""
+FP8_NUMERICS = ("fp16", "triton")
+"""How an fp8 pool's kernel rounds (docs/kernel-fp8.md): ``fp16`` keeps q and P in fp16 (the
+closest to a float32 computation on the stored values); ``triton`` rounds them as SGLang's Triton
+fp8 path does (q and the prefix's P to e4m3, the draft's P to q's dtype), for parity with stock."""
 
 
 class VerifyInputError(ValueError):
@@ -67,6 +71,7 @@ def validate_verify_inputs(
     check_values: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
 ) -> VerifyShape:
     """Raise :class:`VerifyInputError` naming the first malformed argument.
 
@@ -167,6 +172,8 @@ def validate_verify_inputs(
             _fail(name, f"must be a positive finite number, got {value!r}")
         if not fp8_pool and value != 1.0:
             _fail(name, f"is {value!r}, but only a float8_e4m3fn pool is scaled (use 1.0)")
+    if fp8_numerics not in FP8_NUMERICS:
+        _fail("fp8_numerics", f"must be one of {', '.join(FP8_NUMERICS)}, got {fp8_numerics!r}")
     if fp8_pool and v_scale > FP8_MAX_V_SCALE:
         _fail("v_scale", f"must be <= {FP8_MAX_V_SCALE} with an fp8 pool (P x v_scale is fp16)")
 

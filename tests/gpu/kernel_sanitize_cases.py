@@ -40,11 +40,19 @@ def main(argv: list[str]) -> int:
         case = make_case(
             prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda", **kwargs
         )
-        out, lse = verify_attention(*case.args(), return_lse=True, **case.scales())
-        torch.cuda.synchronize()
-        finite = bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
-        print(f"{prefix_lens} T={num_draft} H={num_heads} {kwargs}: finite={finite}", flush=True)
-        bad += not finite
+        # An fp8 pool in both numerics modes (fp8_numerics="triton" adds the row-max pass).
+        modes = ("fp16", "triton") if "kv_dtype" in kwargs else ("fp16",)
+        for numerics in modes:
+            out, lse = verify_attention(
+                *case.args(), return_lse=True, fp8_numerics=numerics, **case.scales()
+            )
+            torch.cuda.synchronize()
+            finite = bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+            print(
+                f"{prefix_lens} T={num_draft} H={num_heads} {kwargs} {numerics}: finite={finite}",
+                flush=True,
+            )
+            bad += not finite
     return 1 if bad else 0
 
 

@@ -53,13 +53,14 @@ def test_workspace_layout_formula() -> None:
     partial_rows = 4 * 10 * plan.BLOCK_M
     assert layout.chunk - layout.tiles >= 48 * 10
     assert layout.o_part - layout.lse_part >= 4 * partial_rows
-    assert layout.total_bytes - layout.o_part == 4 * 512 * partial_rows  # 256-aligned already
+    assert layout.row_max - layout.o_part == 4 * 512 * partial_rows  # 256-aligned already
+    assert layout.total_bytes - layout.row_max == 4 * partial_rows
     assert layout.total_bytes % plan.ALIGN == 0
 
 
 def test_single_split_needs_no_partial_buffers() -> None:
     layout = plan.workspace_layout(slots=4096, max_splits=1)
-    assert layout.total_bytes == layout.o_part == layout.lse_part + 0
+    assert layout.total_bytes == layout.row_max == layout.o_part == layout.lse_part + 0
     assert layout.chunk == plan.TILE_META_BYTES * 4096  # the tile table, then the chunk word
     assert layout.total_bytes == layout.chunk + plan.ALIGN
 

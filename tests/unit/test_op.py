@@ -10,7 +10,7 @@ from kdtree_verify.testing import boost_prefix_keys, make_case
 
 def test_op_is_registered_and_passes_torch_opcheck():
     case = make_case([0, 9, 40], 4, 3, seed=1)
-    args = (*case.args(), 16, 1.0, 1.0)
+    args = (*case.args(), 16, 1.0, 1.0, "fp16")
     torch.library.opcheck(torch.ops.kdtree.verify_attention.default, args)
 
 
@@ -18,7 +18,7 @@ def test_fake_implementation_gives_shapes_without_computing():
     case = make_case([3, 5], 4, 7, dtype=torch.bfloat16, seed=1)
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in case.args()]
-        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256, 1.0, 1.0)
+        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256, 1.0, 1.0, "fp16")
     assert out.shape == (8, 7, 512) and out.dtype == torch.bfloat16
     assert lse.shape == (8, 7) and lse.dtype == torch.float32
 
@@ -81,7 +81,7 @@ FP8 = torch.float8_e4m3fn
 
 def test_fp8_op_passes_torch_opcheck():
     case = make_case([0, 9, 40], 4, 3, seed=1, kv_dtype=FP8, k_scale=0.5, v_scale=2.0)
-    args = (*case.args(), 16, case.k_scale, case.v_scale)
+    args = (*case.args(), 16, case.k_scale, case.v_scale, "triton")
     # test_schema compares inputs before and after with an arithmetic op that fp8 CPU tensors
     # lack; the fake-tensor and autograd-registration checks run.
     torch.library.opcheck(
@@ -172,3 +172,74 @@ def test_fp8_cpu_op_models_the_fp16_operands_q_saturates_at_65504():
     lse_in_range = spec_with(2.0**12)[1]
     ref_lse = verify_attention_reference(*args, return_lse=True, **case.scales())[1]
     torch.testing.assert_close(lse_in_range, ref_lse, atol=0, rtol=1e-5)
+
+
+# fp8_numerics="triton": the roundings of SGLang's Triton fp8 path. (SGLang's Triton kernel cannot
+# be the oracle here: the interpreter's float8 casts flush e4m3 subnormals and saturate at 256, so
+# the comparison with it runs on the GPU, tests/gpu/test_kernel.py.)
+def test_round_e4m3_is_the_saturating_round_to_nearest_even_cast():
+    from kdtree_verify.op import round_e4m3
+
+    values = torch.tensor(
+        [0.0, -0.0, 1.0625, 1.0626, 1.1875, 0.001, 0.0009, 2.0**-10, 2.0**-9 * 1.5, 0.0136,
+         447.0, 448.0, 463.9, 464.0, 1e6, -1e6, float("inf"), float("-inf")]
+    )  # fmt: skip
+    rounded = round_e4m3(values)
+    expected = torch.tensor(
+        [0.0, -0.0, 1.0, 1.125, 1.25, 2.0**-9, 0.0, 0.0, 2.0**-8, 7 * 2.0**-9,
+         448.0, 448.0, 448.0, 448.0, 448.0, -448.0, 448.0, -448.0]
+    )  # fmt: skip
+    assert torch.equal(rounded, expected), (rounded - expected).abs().max()
+    assert torch.isnan(round_e4m3(torch.tensor([float("nan")]))).all()
+    # Every e4m3 value is kept, and anything else lands on the nearest one (ties to even).
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    finite = grid[torch.isfinite(grid)]
+    assert torch.equal(round_e4m3(finite), finite)
+
+
+@pytest.mark.parametrize("mask", ["tree", "causal"])
+def test_triton_numerics_are_one_sequential_pass_for_any_split_size(mask):
+    """Each split starts from the running max of every earlier split, so P is rounded against the
+    same max whatever the split size: the merged result is the one-split result (to float32
+    rounding), which is what lets the kernel split a prefix and still round as Triton does."""
+    case = make_case([0, 1, 63, 65, 300], 6, 4, mask=mask, dtype=torch.bfloat16, seed=8,
+                     kv_dtype=FP8, k_scale=0.75, v_scale=1.25)  # fmt: skip
+    whole = verify_attention(
+        *case.args(), chunk_size=4096, fp8_numerics="triton", return_lse=True, **case.scales()
+    )
+    for chunk_size in (1, 32, 64, 96):
+        split = verify_attention(
+            *case.args(), chunk_size=chunk_size, fp8_numerics="triton", return_lse=True,
+            **case.scales(),
+        )  # fmt: skip
+        torch.testing.assert_close(split[0], whole[0], atol=2**-8, rtol=2**-8)
+        torch.testing.assert_close(split[1], whole[1], atol=1e-5, rtol=1e-6)
+
+
+def test_triton_numerics_round_q_and_p_to_e4m3():
+    """The triton mode is not the fp16 mode: with q far from the e4m3 grid it moves the answer by
+    more than the fp16 mode's own distance to the reference, and it still stays near it."""
+    from kdtree_verify.testing import assert_close_bf16
+
+    case = make_case([200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5, kv_dtype=FP8,
+                     k_scale=0.8, v_scale=1.5)  # fmt: skip
+    ref = verify_attention_reference(*case.args(), **case.scales()).float()
+    fp16 = verify_attention(*case.args(), **case.scales()).float()
+    triton = verify_attention(*case.args(), fp8_numerics="triton", **case.scales()).float()
+    assert_close_bf16(fp16, ref, "fp16 mode")
+    assert float((triton - ref).norm()) > 4 * float((fp16 - ref).norm())
+    assert float((triton - ref).norm() / ref.norm()) < 0.1
+    # q already on the e4m3 grid: rounding q costs nothing, only P's rounding remains.
+    on_grid = case.q.float().clamp(-448, 448).to(FP8).to(torch.bfloat16)
+    args = (on_grid, *case.args()[1:])
+    ref_grid = verify_attention_reference(*args, **case.scales()).float()
+    triton_grid = verify_attention(*args, fp8_numerics="triton", **case.scales()).float()
+    assert float((triton_grid - ref_grid).norm() / ref_grid.norm()) < 0.05
+
+
+def test_fp8_numerics_must_be_a_known_mode():
+    from kdtree_verify import VerifyInputError
+
+    case = make_case([5], 2, 2, seed=1, kv_dtype=FP8)
+    with pytest.raises(VerifyInputError, match="fp8_numerics"):
+        verify_attention(*case.args(), fp8_numerics="e4m3", **case.scales())

@@ -25,7 +25,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from kdtree_inference.sglang import testing
 from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
 from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
-from kdtree_verify import verify_attention_reference
+from kdtree_verify import verify_attention, verify_attention_reference
 
 FP8 = torch.float8_e4m3fn
 HEADS, DRAFT, PREFIXES = 2, 3, [5, 17]
@@ -91,15 +91,44 @@ def reference_of(backend, batch, q, k, v, layer) -> torch.Tensor:
     ).view(q.shape[0], -1)  # fmt: skip
 
 
-def test_on_mode_serves_fp8_layers_with_the_kernel_and_writes_the_pool_as_triton():
+def op_of(backend, batch, q, k, v, layer, fp8_numerics: str) -> torch.Tensor:
+    """The op itself on the backend's pool and metadata, rounding per ``fp8_numerics``."""
+    meta = backend.forward_metadata
+    pool = backend.token_to_kv_pool
+    return verify_attention(
+        q.view(-1, HEADS, 576), k.view(-1, 1, 576), v.reshape(-1, 1, 512),
+        pool.get_key_buffer(0), pool.get_value_buffer(0), meta.qo_indptr, meta.kv_indptr,
+        meta.kv_indices[: int(meta.kv_indptr[-1])], meta.custom_mask, meta.mask_indptr,
+        layer.scaling, k_scale=K_SCALE, v_scale=V_SCALE, fp8_numerics=fp8_numerics,
+    ).view(q.shape[0], -1)  # fmt: skip
+
+
+@pytest.mark.parametrize("fp8_numerics", ["triton", "fp16"])
+def test_on_mode_serves_fp8_layers_with_the_kernel_and_writes_the_pool_as_triton(fp8_numerics):
+    """The default (KDTREE_FP8_NUMERICS=triton) serves the op with SGLang's roundings; fp16 serves
+    the op that is the float32 reference on the dequantized pool here."""
     layer = scaled_layer()
     stock, stock_backend, _ = run(TritonAttnBackend, layer)
-    served, backend, batch, registry = ours(VerifyMode.ON, layer)
+    settings = VerifySettings(mode=VerifyMode.ON, fp8_numerics=fp8_numerics)
+    registry = CollectorRegistry()
+    served, backend, batch = run(
+        KdtreeTritonAttnBackend, layer, kdtree_settings=settings, kdtree_registry=registry
+    )
     assert kernel_calls(registry) == 1
     assert torch.equal(pool_bytes(backend), pool_bytes(stock_backend))  # K / k_scale, in e4m3
-    expected = reference_of(backend, batch, *batch.qkv[0], layer)
+    expected = op_of(backend, batch, *batch.qkv[0], layer, fp8_numerics)
     torch.testing.assert_close(served, expected, atol=2e-5, rtol=1e-5)
+    if fp8_numerics == "fp16":
+        reference = reference_of(backend, batch, *batch.qkv[0], layer)
+        torch.testing.assert_close(served, reference, atol=2e-5, rtol=1e-5)
+    else:  # P rounded to e4m3: not the reference any more
+        assert relative(served, reference_of(backend, batch, *batch.qkv[0], layer)) > 1e-3
     assert relative(served, stock) < TRITON_P_BOUND
+
+
+def test_the_default_fp8_numerics_are_tritons():
+    assert VerifySettings().fp8_numerics == "triton"
+    assert VerifySettings.from_env({"KDTREE_FP8_NUMERICS": "FP16"}).fp8_numerics == "fp16"
 
 
 def test_triton_bound_rejects_misplaced_scales():

@@ -65,3 +65,12 @@ def test_draft_extend_switch_reads_on_and_off_and_refuses_the_rest():
         VerifySettings.from_env({"KDTREE_DRAFT_EXTEND": "maybe"})
     described = VerifySettings.from_env({"KDTREE_VERIFY": "on", "KDTREE_DRAFT_EXTEND": "off"})
     assert "draft extend on Triton" in described.describe()
+
+
+def test_fp8_numerics_setting_is_read_and_refused_when_unknown():
+    assert VerifySettings.from_env({}).fp8_numerics == "triton"
+    assert VerifySettings.from_env({"KDTREE_FP8_NUMERICS": "fp16"}).fp8_numerics == "fp16"
+    with pytest.raises(SettingsError, match="KDTREE_FP8_NUMERICS='e5m2'"):
+        VerifySettings.from_env({"KDTREE_FP8_NUMERICS": "e5m2"})
+    described = VerifySettings.from_env({"KDTREE_VERIFY": "on", "KDTREE_FP8_NUMERICS": "fp16"})
+    assert "fp8 numerics fp16" in described.describe()

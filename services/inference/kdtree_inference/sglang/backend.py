@@ -344,6 +344,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             layer.scaling,
             k_scale=layer.k_scale_float if scaled else 1.0,
             v_scale=layer.v_scale_float if scaled else 1.0,
+            fp8_numerics=self.kdtree_settings.fp8_numerics,
         )
         return out.view(out.shape[0], -1)
 

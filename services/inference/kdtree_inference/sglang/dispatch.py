@@ -25,9 +25,11 @@ def verify_with_inputs(
     *,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
 ) -> torch.Tensor:
     """Attention output [T_total, H, 512] in q's dtype for one layer of a verify forward
-    (``k_scale``/``v_scale``: an fp8 pool's dequantization scales).
+    (``k_scale``/``v_scale``: an fp8 pool's dequantization scales; ``fp8_numerics``: how an fp8
+    pool's kernel rounds, ``"fp16"`` or ``"triton"``).
 
     On CUDA the forward's ``VerifyPlan`` (already ``update``d by the marshal) is shared by every
     layer: this call does shape checks, allocates the output (from the graph pool under capture)
@@ -37,7 +39,7 @@ def verify_with_inputs(
         q, k_extend, v_extend, k_buffer, v_buffer, inputs.qo_indptr, inputs.kv_indptr,
         inputs.kv_indices, inputs.custom_mask, inputs.mask_indptr, sm_scale,
     )  # fmt: skip
-    scales = {"k_scale": k_scale, "v_scale": v_scale}
+    scales = {"k_scale": k_scale, "v_scale": v_scale, "fp8_numerics": fp8_numerics}
     if inputs.plan is None:  # CPU: the op's front door runs the CPU implementation
         return verify_attention(*args, **scales)
     from kdtree_verify.cuda import verify_attention_cuda

@@ -14,6 +14,9 @@ KDTREE_SHADOW_ERROR_STREAK  3         on mode: this many consecutive published w
                                       tolerance log an error and count one shadow error
 KDTREE_DRAFT_EXTEND         on        on: EAGLE's draft-extend forward follows KDTREE_VERIFY too
                                       (it is the same attention, causal); off: it stays on Triton
+KDTREE_FP8_NUMERICS         triton    fp8 KV pool: triton rounds q and P to e4m3 as SGLang's Triton
+                                      path does (parity with stock); fp16 keeps them in fp16
+                                      (closer to the exact result on the stored values)
 =========================== ========= ===============================================================
 """
 
@@ -23,6 +26,8 @@ import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from kdtree_verify.validation import FP8_NUMERICS
 
 
 class VerifyMode(enum.Enum):
@@ -70,6 +75,15 @@ def _read_switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     return raw == "on"
 
 
+def _read_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise SettingsError(f"{name}={env[name]!r}: expected one of {'|'.join(choices)}")
+    return raw
+
+
 def parse_mode(raw: str | None) -> VerifyMode:
     """KDTREE_VERIFY's value (case-insensitive, empty = off) as a :class:`VerifyMode`."""
     value = (raw or "").strip().lower() or VerifyMode.OFF.value
@@ -89,6 +103,7 @@ class VerifySettings:
     rtol: float = 0.02
     shadow_error_streak: int = 3
     draft_extend: bool = True
+    fp8_numerics: str = "triton"
 
     @property
     def compares(self) -> bool:
@@ -115,6 +130,7 @@ class VerifySettings:
                 env, "KDTREE_SHADOW_ERROR_STREAK", cls.shadow_error_streak, 1
             ),
             draft_extend=_read_switch(env, "KDTREE_DRAFT_EXTEND", cls.draft_extend),
+            fp8_numerics=_read_choice(env, "KDTREE_FP8_NUMERICS", cls.fp8_numerics, FP8_NUMERICS),
         )
 
     def describe(self) -> str:
@@ -129,4 +145,6 @@ class VerifySettings:
             )
         if self.mode is not VerifyMode.OFF and not self.draft_extend:
             parts.append("draft extend on Triton")
+        if self.mode is not VerifyMode.OFF and self.fp8_numerics != type(self).fp8_numerics:
+            parts.append(f"fp8 numerics {self.fp8_numerics}")
         return ", ".join(parts)
