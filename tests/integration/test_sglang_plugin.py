@@ -57,6 +57,11 @@ SCRIPT = textwrap.dedent(
         make_draft = DraftBackendFactory._create_triton_prefill_backend
         with draft_runner._server_args_override, testing.sglang_cpu_context():
             stamp, draft = make_draft(SimpleNamespace(draft_model_runner=draft_runner))
+        # DFlash's decode graph runner: does a captured target verify of this backend get a
+        # custom-mask buffer (one that DFlash's replays never fill)?
+        from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
+
+        _, dflash_mask_buffer = resolve_dflash_verify_mask_policy(backend)
         queue.put(
             {
                 "entry": registry_entry(),
@@ -67,6 +72,7 @@ SCRIPT = textwrap.dedent(
                 "draft_built": [stamp, type(draft).__name__],
                 "draft_role": getattr(draft, "kdtree_role", None),
                 "draft_active": getattr(draft, "kdtree_active", None),
+                "dflash_mask_buffer": dflash_mask_buffer,
                 "mode": (
                     backend.kdtree_settings.mode.value
                     if hasattr(backend, "kdtree_settings")
@@ -133,6 +139,9 @@ def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
     assert default["draft_factory"] == DRAFT_OURS
     assert default["draft_built"] == ["triton", "KdtreeTritonAttnBackend"]
     assert (default["draft_role"], default["draft_active"]) == ("draft_extend", True)
+    # DFlash verifies its block causally on our backend, as on SGLang's (no unfilled mask buffer).
+    assert default["dflash_mask_buffer"] is False
+    assert results["whitelist"]["dflash_mask_buffer"] is False
     # SGLANG_PLUGINS without "kdtree_verify": SGLang's own factory stays.
     assert results["whitelist"]["entry"] == STOCK
     assert results["whitelist"]["built"] == "TritonAttnBackend"

@@ -12,6 +12,13 @@ builds ``TritonAttnBackend`` by class for "triton". Its factory method is replac
 draft extend gets our subclass (which serves it only when KDTREE_VERIFY and KDTREE_DRAFT_EXTEND
 say so, and is the parent otherwise).
 
+DFlash's decode CUDA-graph runner decides by the attention backend's class *name* whether a
+captured target verify gets a custom-mask buffer (``dflash_utils.resolve_dflash_verify_mask_policy``:
+names in ``_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS`` verify with the causal block, every other
+backend gets a buffer that DFlash's replays never fill). Our subclass computes what
+``TritonAttnBackend`` computes, so its name joins that set; otherwise every mode, ``off``
+included, would verify DFlash's block against an unfilled mask under graphs.
+
 The entry point is declared in services/inference/pyproject.toml:
     [project.entry-points."sglang.srt.plugins"]
     kdtree_verify = "kdtree_inference.sglang.plugin:register"
@@ -68,9 +75,28 @@ def _register_draft_extend() -> None:
     logger.info("kdtree: EAGLE draft-extend backend 'triton' -> KdtreeTritonAttnBackend")
 
 
+BACKEND_CLASS_NAME = "KdtreeTritonAttnBackend"
+
+
+def _register_dflash_causal_verify() -> None:
+    try:
+        from sglang.srt.speculative import dflash_utils
+    except ImportError:  # a build of SGLang without DFlash
+        return
+    names = getattr(dflash_utils, "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS", None)
+    if names is None:
+        logger.warning("kdtree: SGLang's DFlash has no causal-verify backend list to join")
+        return
+    if BACKEND_CLASS_NAME not in names:
+        dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS = frozenset(
+            {*names, BACKEND_CLASS_NAME}
+        )
+
+
 def register() -> None:
     """Replace the "triton" attention backend factories with ours (idempotent)."""
     _register_draft_extend()
+    _register_dflash_causal_verify()
     from sglang.srt.layers.attention import attention_registry
 
     current = attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME)
