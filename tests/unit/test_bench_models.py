@@ -320,3 +320,34 @@ def test_draft_writer_refuses_what_it_cannot_serve(tmp_path, capsys) -> None:
         make_dflash_draft.draft_config(make_model.model_config("tiny"), block_size=1)
     kimi = make_dflash_draft.draft_config(make_model.model_config("kimi-rank"))
     assert kimi["dflash_config"]["mask_token_id"] == 163839 and kimi["num_attention_heads"] == 56
+
+
+def test_sglang_reads_kimi_rank_and_its_draft_as_meant(tmp_path) -> None:
+    """SGLang's own ModelConfig (what its server builds from --model-path and
+    --speculative-draft-model-path) on the two config.json files."""
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.utils.hf_transformers_utils import get_rope_config
+
+    target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"
+    target_dir.mkdir()
+    draft_dir.mkdir()
+    config = make_model.model_config("kimi-rank")
+    (target_dir / "config.json").write_text(json.dumps(config))
+    (draft_dir / "config.json").write_text(json.dumps(make_dflash_draft.draft_config(config)))
+    target = ModelConfig(str(target_dir), trust_remote_code=False, dtype="bfloat16")
+    assert target.attention_arch == AttentionArch.MLA
+    assert (target.context_len, target.vocab_size) == (262144, 163840)
+    theta, scaling = get_rope_config(target.hf_config)
+    assert theta == 50000.0 and scaling["factor"] == 64.0 and scaling["rope_type"] == "yarn"
+    draft = ModelConfig(
+        str(draft_dir),
+        trust_remote_code=False,
+        dtype="bfloat16",
+        is_draft_model=True,
+        speculative_algorithm="DFLASH",
+    )
+    # Not remapped to DeepseekV3ForCausalLMNextN, and an MHA draft with its own KV.
+    assert draft.hf_config.architectures == ["DFlashDraftModel"]
+    assert draft.attention_arch == AttentionArch.MHA
+    assert (draft.head_dim, draft.v_head_dim, draft.get_num_kv_heads(1)) == (128, 128, 56)
+    assert (draft.context_len, draft.vocab_size) == (262144, 163840)
