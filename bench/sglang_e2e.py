@@ -215,6 +215,7 @@ def speed_specs(
     draft: Path | None = None,
     block_size: int = DFLASH_BLOCK_SIZE,
     kv_dtype: str = "bfloat16",
+    cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
     return [
         ServerSpec(
@@ -225,6 +226,7 @@ def speed_specs(
             draft=draft,
             block_size=block_size,
             kv_dtype=kv_dtype,
+            cuda_graphs=cuda_graphs,
             mem_fraction=mem_fraction,
             extra=extra,
             env=MODES[name][1],
@@ -253,7 +255,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     specs = speed_specs(
         args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp,
         graph_max_bs=args.graph_max_bs, speculation=speculation, draft=args.draft,
-        block_size=args.block_size, kv_dtype=kv_dtype,
+        block_size=args.block_size, kv_dtype=kv_dtype, cuda_graphs=not args.no_cuda_graphs,
     )  # fmt: skip
     avoid = draft_mask_token(args.draft)
     preset = config.get("kdtree_model", {}).get("preset", args.model.name)
@@ -401,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=GRAPH_MAX_BS,
         help=f"decode CUDA graphs for batches 1..N; larger ones run eagerly (default {GRAPH_MAX_BS})",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="decode eagerly at every batch size (--cuda-graph-backend-decode disabled)",
     )
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)

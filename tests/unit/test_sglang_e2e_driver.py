@@ -184,3 +184,17 @@ def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsy
         sglang_e2e.main([*base, "--kv-dtype", "fp16"])
     args = sglang_e2e.build_parser().parse_args([*base, "--kv-dtype", "fp8"])
     assert sglang_e2e.KV_DTYPE_NAMES[args.kv_dtype] == "fp8_e4m3" and args.repeats == 3
+    assert args.no_cuda_graphs is False
+
+
+def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
+    specs = sglang_e2e.speed_specs(
+        Path("/m"), ["off", "on"], 0.2, (), speculation="dflash", draft=Path("/d"),
+        kv_dtype="fp8_e4m3", cuda_graphs=False,
+    )  # fmt: skip
+    assert {(s.spec, s.kv_dtype, s.draft, s.block_size) for s in specs} == {
+        ("dflash", "fp8_e4m3", Path("/d"), 16)
+    }
+    flags = specs[0].flags(30004)
+    assert flags[flags.index("--cuda-graph-backend-decode") + 1] == "disabled"
+    assert "--cuda-graph-max-bs-decode" not in flags
