@@ -7,22 +7,30 @@ correctness checks (validate identical to off, the parity gate between real serv
 test module ``tests/gpu/test_sglang_e2e.py``; this script measures speed and writes the records
 that ``bench/results/sglang_e2e_h200.json`` collects.
 
-How a measurement is taken, per (mode, batch, prompt length): ``batch`` distinct prompts of
+How a measurement is taken, per (batch, prompt length), a "shape": ``batch`` distinct prompts of
 ``prompt_len`` random token ids go in one /generate call with ``max_new_tokens`` 1, which
-prefills them into the radix cache; then the same call with ``max_new_tokens`` N and
-``ignore_eos`` is timed. Its prompts hit the cache (one token is recomputed), so the time is N
-tokens of decode for the whole batch at once, and SGLang's own ``spec_verify_ct`` says how many
+prefills them into the radix cache, then one untimed warm-up generation of ``--warmup-tokens``
+(first-use compilation, eager paths and CUDA-graph replays of this batch size happen there), on
+every server, before any timing. Then ``--repeats`` timed calls with ``max_new_tokens`` N and
+``ignore_eos`` per server. Their prompts hit the cache (one token is recomputed), so each time is
+N tokens of decode for the whole batch at once, and SGLang's own ``spec_verify_ct`` says how many
 speculative steps that took:
 
 - ``tokens_per_s`` = generated tokens of the batch / wall time of the call;
 - ``step_ms`` = wall time / the largest ``spec_verify_ct`` of the batch;
 - ``accept_length`` = generated tokens / verify steps, averaged over the batch.
 
-Configurations are measured one at a time (never two servers decoding at once), off and on
-alternating per shape.
+A record holds the median of the repetitions with their min and max (``tokens_per_s_min`` ...),
+every repetition (``samples``), and whether the repetitions generated the same tokens. Servers
+are measured one at a time (never two decoding at once), in an order that alternates per shape
+and per repetition (off,on then on,off), so neither mode always runs first after a warm-up.
+``--spec`` and ``--kv-dtype`` pick the configuration family (EAGLE or DFlash, bf16 or FP8 KV
+cache) that one command measures; every record names it (``spec``, ``kv_dtype``, ``model``).
+``bench/merge_e2e.py`` folds the ``speed.json`` files of runs into the committed record.
 
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python bench/sglang_e2e.py --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
+        [--repeats 3] [--spec eagle|dflash --draft DIR] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,7 +46,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sglang_servers import GRAPH_MAX_BS, ServerSpec, SGLangServer, start_all, stop_all
+from sglang_servers import (
+    DFLASH,
+    DFLASH_BLOCK_SIZE,
+    GRAPH_MAX_BS,
+    ServerSpec,
+    SGLangServer,
+    start_all,
+    stop_all,
+)
 
 MODES = {
     # configuration: (KDTREE_VERIFY, more environment)
@@ -46,6 +63,10 @@ MODES = {
     # on for target verify only: what serving EAGLE's draft extend through the kernel buys.
     "on_draft_triton": ("on", {"KDTREE_DRAFT_EXTEND": "off"}),
 }
+KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
+"""--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
+SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
+"""Per-repetition values a record reports as median (the plain name), ``_min`` and ``_max``."""
 
 
 def parse_ints(text: str) -> list[int]:
@@ -60,10 +81,40 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
-def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    """``batch`` distinct prompts of ``length`` token ids (no special tokens: ids 2 and up)."""
+def random_prompts(
+    batch: int, length: int, vocab: int, seed: int, avoid: frozenset[int] = frozenset()
+) -> list[list[int]]:
+    """``batch`` distinct prompts of ``length`` token ids (no special tokens: ids 2 and up, none
+    of ``avoid``, e.g. a DFlash draft's mask token)."""
     rng = random.Random(seed)
-    return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(batch)]
+    prompts = []
+    for _ in range(batch):
+        prompt: list[int] = []
+        while len(prompt) < length:
+            token = rng.randrange(2, vocab)
+            if token not in avoid:
+                prompt.append(token)
+        prompts.append(prompt)
+    return prompts
+
+
+def mode_order(modes: list[str], shape: int, repeat: int) -> list[str]:
+    """The order the servers are measured in, for repetition ``repeat`` of shape ``shape``:
+    as given, then reversed, alternating, so no mode always comes first (or last)."""
+    return list(modes) if (shape + repeat) % 2 == 0 else list(reversed(modes))
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median, min and max over the repetitions, for each of ``SUMMARIZED`` (None if no
+    repetition had a value, e.g. no verify steps)."""
+    out: dict[str, Any] = {"repeats": len(samples)}
+    for key in SUMMARIZED:
+        values = [s[key] for s in samples if s.get(key) is not None]
+        median = statistics.median(values) if values else None
+        out[key] = round(median, 4) if median is not None else None
+        out[f"{key}_min"] = min(values) if values else None
+        out[f"{key}_max"] = max(values) if values else None
+    return out
 
 
 def metric_values(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -84,43 +135,72 @@ def metric_sum(values: dict, name: str, **labels: str) -> float:
     )
 
 
-def measure(
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def generate(
     server: SGLangServer, prompts: list[list[int]], new_tokens: int, timeout_s: float
-) -> dict[str, Any]:
-    """Prefill ``prompts`` into the cache, then time ``new_tokens`` of decode for all of them."""
-    greedy = {"temperature": 0, "ignore_eos": True}
-    t0 = time.perf_counter()
-    server.post(
-        "/generate",
-        {"input_ids": prompts, "sampling_params": {**greedy, "max_new_tokens": 1}},
-        timeout_s,
-    )
-    prefill_s = time.perf_counter() - t0
+) -> tuple[list[dict[str, Any]], float]:
+    """One /generate call for the whole batch; its answers and its wall time in seconds."""
     t0 = time.perf_counter()
     answers = server.post(
         "/generate",
-        {"input_ids": prompts, "sampling_params": {**greedy, "max_new_tokens": new_tokens}},
+        {"input_ids": prompts, "sampling_params": {**GREEDY, "max_new_tokens": new_tokens}},
         timeout_s,
     )
     wall_s = time.perf_counter() - t0
-    answers = answers if isinstance(answers, list) else [answers]
+    return (answers if isinstance(answers, list) else [answers]), wall_s
+
+
+def warm_up(
+    server: SGLangServer, prompts: list[list[int]], warmup_tokens: int, timeout_s: float
+) -> dict[str, float]:
+    """Prefill ``prompts`` into the radix cache, then one untimed generation of this shape."""
+    _, prefill_s = generate(server, prompts, 1, timeout_s)
+    _, warmup_s = generate(server, prompts, warmup_tokens, timeout_s)
+    return {"prefill_s": round(prefill_s, 3), "warmup_s": round(warmup_s, 3)}
+
+
+def sample(answers: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """One timed repetition: what its answers and wall time say."""
     generated = [a["meta_info"]["completion_tokens"] for a in answers]
     steps = [a["meta_info"].get("spec_verify_ct") or 0 for a in answers]
     cached = [a["meta_info"].get("cached_tokens", 0) for a in answers]
     accept = [g / s for g, s in zip(generated, steps, strict=True) if s]
     return {
-        "batch": len(prompts),
-        "prompt_len": len(prompts[0]),
-        "new_tokens": new_tokens,
         "generated_tokens": sum(generated),
         "wall_s": round(wall_s, 4),
-        "prefill_s": round(prefill_s, 3),
         "cached_tokens_min": min(cached),
         "tokens_per_s": round(sum(generated) / wall_s, 2),
         "verify_steps_max": max(steps),
         "step_ms": round(wall_s * 1e3 / max(steps), 3) if max(steps) else None,
         "accept_length": round(sum(accept) / len(accept), 3) if accept else None,
         "output_ids_head": answers[0]["output_ids"][:16],
+    }
+
+
+def measure(
+    server: SGLangServer, prompts: list[list[int]], new_tokens: int, timeout_s: float
+) -> dict[str, Any]:
+    """One timed repetition of ``new_tokens`` of decode for all ``prompts`` (already cached)."""
+    return sample(*generate(server, prompts, new_tokens, timeout_s))
+
+
+def shape_record(
+    samples: list[dict[str, Any]], warm: dict[str, float], positions: list[int]
+) -> dict[str, Any]:
+    """A record of one server at one shape from its timed repetitions (in measured order)."""
+    first = samples[0]
+    heads = [s["output_ids_head"] for s in samples]
+    return {
+        **summarize(samples),
+        "generated_tokens": first["generated_tokens"],
+        "cached_tokens_min": min(s["cached_tokens_min"] for s in samples),
+        **warm,
+        "order_positions": positions,
+        "outputs_identical_across_repeats": all(h == heads[0] for h in heads),
+        "output_ids_head": first["output_ids_head"],
+        "samples": [{k: s[k] for k in SUMMARIZED} for s in samples],
     }
 
 
@@ -131,12 +211,22 @@ def speed_specs(
     extra: tuple[str, ...],
     tp: int = 1,
     graph_max_bs: int = GRAPH_MAX_BS,
+    speculation: str = "tree",
+    draft: Path | None = None,
+    block_size: int = DFLASH_BLOCK_SIZE,
+    kv_dtype: str = "bfloat16",
+    cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
     return [
         ServerSpec(
             f"speed_{name}",
             MODES[name][0],
             model,
+            speculation=speculation,
+            draft=draft,
+            block_size=block_size,
+            kv_dtype=kv_dtype,
+            cuda_graphs=cuda_graphs,
             mem_fraction=mem_fraction,
             extra=extra,
             env=MODES[name][1],
@@ -147,40 +237,42 @@ def speed_specs(
     ]
 
 
+def draft_mask_token(draft: Path | None) -> frozenset[int]:
+    """The DFlash draft's mask token id, which prompts leave out (empty without a draft)."""
+    if draft is None:
+        return frozenset()
+    config = json.loads((draft / "config.json").read_text())
+    token = config.get("dflash_config", {}).get("mask_token_id")
+    return frozenset() if token is None else frozenset({int(token)})
+
+
 def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
+    kv_dtype = KV_DTYPE_NAMES[args.kv_dtype]
+    speculation = DFLASH if args.spec == "dflash" else args.speculation
     specs = speed_specs(
         args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp,
-        graph_max_bs=args.graph_max_bs,
+        graph_max_bs=args.graph_max_bs, speculation=speculation, draft=args.draft,
+        block_size=args.block_size, kv_dtype=kv_dtype, cuda_graphs=not args.no_cuda_graphs,
     )  # fmt: skip
+    avoid = draft_mask_token(args.draft)
+    preset = config.get("kdtree_model", {}).get("preset", args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
-        for prompt_len in args.prompt_lens:
-            for batch in args.batches:
-                prompts = random_prompts(
-                    batch, prompt_len, config["vocab_size"], prompt_len + batch
-                )
-                for mode in args.modes:
-                    server = servers[f"speed_{mode}"]
-                    try:
-                        record = measure(server, prompts, args.new_tokens, args.request_timeout)
-                    except (RuntimeError, OSError) as error:
-                        record = {"batch": batch, "prompt_len": prompt_len, "error": str(error)}
-                    record.update(
-                        model=config.get("kdtree_model", {}).get("preset", args.model.name),
-                        mode=server.spec.mode,
-                        configuration=mode,
-                        server=server.spec.describe(),
-                        server_flags=server.spec.flags(server.port),
-                        log=server.log_path.name,
-                    )
-                    records.append(record)
-                    print(f"[e2e] {json.dumps(record)}", flush=True)
+        shapes = [(p, b) for p in args.prompt_lens for b in args.batches]
+        for index, (prompt_len, batch) in enumerate(shapes):
+            prompts = random_prompts(
+                batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
+            )
+            for record in measure_shape(servers, args, prompts, index):
+                record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
+                print(f"[e2e] {json.dumps(record)}", flush=True)
+                records.append(record)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
     finally:
         stop_all(servers)
@@ -189,7 +281,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     result = {
         "model": config.get("kdtree_model"),
         "model_config": {
-            k: config[k]
+            k: config.get(k)
             for k in (
                 "hidden_size",
                 "num_hidden_layers",
@@ -198,14 +290,80 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 "kv_lora_rank",
                 "n_routed_experts",
                 "num_experts_per_tok",
+                "vocab_size",
+                "max_position_embeddings",
             )
         },
+        "draft": None
+        if args.draft is None
+        else json.loads((args.draft / "config.json").read_text()).get("kdtree_model"),
         "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "warmup_tokens": args.warmup_tokens,
         "records": records,
         "ready_after_s": {n: s.ready_after_s for n, s in servers.items()},
     }
     (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def measurement_plan(modes: list[str], shape: int, repeats: int) -> list[tuple[str, int, str]]:
+    """What one shape's measurement does, in order: ``("warmup", -1, mode)`` for every mode,
+    then ``("timed", repeat, mode)`` for each repetition, the modes in ``mode_order``."""
+    plan = [("warmup", -1, mode) for mode in mode_order(modes, shape, 0)]
+    for repeat in range(repeats):
+        plan += [("timed", repeat, mode) for mode in mode_order(modes, shape, repeat)]
+    return plan
+
+
+def measure_shape(
+    servers: dict[str, SGLangServer],
+    args: argparse.Namespace,
+    prompts: list[list[int]],
+    shape: int,
+) -> list[dict[str, Any]]:
+    """Run ``measurement_plan`` for these prompts; one record per configuration. A server whose
+    call fails is left out of the rest of the shape, its record keeping what it measured."""
+    batch, prompt_len = len(prompts), len(prompts[0])
+    warm: dict[str, dict[str, float]] = {}
+    errors: dict[str, str] = {}
+    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
+    positions: dict[str, list[int]] = {m: [] for m in args.modes}
+    for phase, repeat, mode in measurement_plan(args.modes, shape, args.repeats):
+        if mode in errors:
+            continue
+        server = servers[f"speed_{mode}"]
+        try:
+            if phase == "warmup":
+                warm[mode] = warm_up(server, prompts, args.warmup_tokens, args.request_timeout)
+            else:
+                samples[mode].append(
+                    measure(server, prompts, args.new_tokens, args.request_timeout)
+                )
+                positions[mode].append(mode_order(args.modes, shape, repeat).index(mode))
+        except (RuntimeError, OSError) as error:
+            errors[mode] = f"{phase} {repeat}: {error}" if phase == "timed" else str(error)
+    records = []
+    for mode in args.modes:
+        server = servers[f"speed_{mode}"]
+        record: dict[str, Any] = {
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "new_tokens": args.new_tokens,
+        }
+        if samples[mode]:
+            record.update(shape_record(samples[mode], warm[mode], positions[mode]))
+        if mode in errors:
+            record["error"] = errors[mode]
+        record.update(
+            mode=server.spec.mode,
+            configuration=mode,
+            server=server.spec.describe(),
+            server_flags=server.spec.flags(server.port),
+            log=server.log_path.name,
+        )
+        records.append(record)
+    return records
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,11 +373,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=parse_ints, default=[1, 8])
     parser.add_argument("--prompt-lens", type=parse_ints, default=[1024, 8192, 32768])
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per shape")
+    parser.add_argument(
+        "--warmup-tokens", type=int, default=64, help="tokens of the untimed warm-up generation"
+    )
     parser.add_argument(
         "--modes",
         type=lambda text: [m for m in text.split(",") if m],
         default=list(MODES),
         help=f"comma-separated, from {', '.join(MODES)} (default: all)",
+    )
+    parser.add_argument(
+        "--spec", choices=("eagle", "dflash"), default="eagle", help="speculative algorithm"
+    )
+    parser.add_argument(
+        "--speculation", choices=("tree", "chain"), default="tree", help="EAGLE's draft shape"
+    )
+    parser.add_argument("--draft", type=Path, help="DFlash draft model directory (--spec dflash)")
+    parser.add_argument(
+        "--block-size", type=int, default=DFLASH_BLOCK_SIZE, help="DFlash tokens per verify"
+    )
+    parser.add_argument(
+        "--kv-dtype", choices=sorted(KV_DTYPE_NAMES), default="bf16", help="KV cache dtype"
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
     parser.add_argument("--mem-fraction", type=float, default=0.12)
@@ -229,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=GRAPH_MAX_BS,
         help=f"decode CUDA graphs for batches 1..N; larger ones run eagerly (default {GRAPH_MAX_BS})",
     )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="decode eagerly at every batch size (--cuda-graph-backend-decode disabled)",
+    )
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
@@ -237,21 +417,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot run (one line), or None."""
     if not (args.model / "config.json").is_file():
-        print(f"sglang_e2e: no config.json in {args.model}", file=sys.stderr)
-        return 2
-    if args.tp < 1:
-        print(f"sglang_e2e: --tp must be at least 1, got {args.tp}", file=sys.stderr)
-        return 2
-    if args.graph_max_bs < 1:
-        print(f"sglang_e2e: --graph-max-bs must be at least 1, got {args.graph_max_bs}",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        return f"no config.json in {args.model}"
+    for name in ("tp", "graph_max_bs", "repeats", "warmup_tokens", "new_tokens"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:
-        print(f"sglang_e2e: --modes: unknown {unknown}; choose from {list(MODES)}", file=sys.stderr)
+        return f"--modes: unknown {unknown}; choose from {list(MODES)}"
+    if args.spec == "dflash":
+        if args.draft is None:
+            return "--spec dflash needs --draft DIR (make_model.py dflash-draft)"
+        if not (args.draft / "config.json").is_file():
+            return f"no config.json in the draft {args.draft}"
+        if args.block_size < 2:
+            return f"--block-size must be at least 2, got {args.block_size}"
+    elif args.draft is not None:
+        return "--draft is a DFlash draft: use it with --spec dflash"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    why = refusal(args)
+    if why is not None:
+        print(f"sglang_e2e: {why}", file=sys.stderr)
         return 2
     run_speed(args)
     return 0

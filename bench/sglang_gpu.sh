@@ -8,12 +8,14 @@
 #
 # Phases:
 #   correctness  tests/gpu/test_sglang_e2e.py (8 tiny-model servers: validate == off, parity gate)
-#   speed        bench/sglang_e2e.py on the rank model: off vs on, batch 1/8, 1k/8k/32k prompts
+#   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
+#                off vs on, batch 1/8, 1k/8k/32k prompts
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
-# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase.
+# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
+# SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
 set -euo pipefail
 : "${OUT:?set OUT to the output directory}"
 cd "$(dirname "$0")/.."
@@ -49,10 +51,16 @@ for phase in "$@"; do
         tests/gpu/test_sglang_e2e.py 2>&1 | tee "$OUT/correctness.log" || true
       cp "$OUT/correctness/correctness.json" "$OUT/" || true ;;
     speed)
-      python3 bench/models/make_model.py --preset rank --device cuda /tmp/models/rank
+      preset=${SPEED_PRESET:-rank}
+      python3 bench/models/make_model.py --preset "$preset" --device cuda "/tmp/models/$preset"
+      spec_args=()
+      if [ "${SPEED_SPEC:-eagle}" = dflash ]; then
+        python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
+        spec_args=(--spec dflash --draft "/tmp/models/$preset-dflash")
+      fi
       # shellcheck disable=SC2086
-      python3 bench/sglang_e2e.py --model /tmp/models/rank --out "$OUT/speed" ${SPEED_ARGS:-} \
-        2>&1 | tee "$OUT/speed.log"
+      python3 bench/sglang_e2e.py --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" \
+        ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.log"
       cp "$OUT/speed/speed.json" "$OUT/" ;;
     kernel-fp8)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \

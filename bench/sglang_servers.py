@@ -7,9 +7,11 @@ own; SGLang's scheduler and detokenizer are its children. ``stop`` sends SIGTERM
 grace period, so nothing outlives a run.
 
 The servers' flags are SGLang 0.5.23's: EAGLE with a draft tree (``topk`` > 1) or a chain
-(``topk`` 1), decode CUDA graphs up to ``--cuda-graph-max-bs-decode`` (larger batches run
-eagerly, which is how one server exercises both paths), prefill graphs off (their capture of
-up to 8,192 tokens would cost minutes at start).
+(``topk`` 1), or DFlash (``--speculative-algorithm DFLASH``: a separate draft model, one block of
+``block_size`` tokens verified causally per step); the KV cache in the model's dtype or FP8
+(``--kv-cache-dtype fp8_e4m3``); decode CUDA graphs up to ``--cuda-graph-max-bs-decode`` (larger
+batches run eagerly, which is how one server exercises both paths), prefill graphs off (their
+capture of up to 8,192 tokens would cost minutes at start).
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ TP_ENV = {
 }
 GRAPH_MAX_BS = 4
 """Decode graphs cover batches 1-4 by default; batch 8 then runs eagerly on the same server."""
+DFLASH = "dflash"
+SPEC_FAMILY = {"tree": "eagle", "chain": "eagle", DFLASH: "dflash"}
+"""Speculation -> the algorithm family a record names (``spec``)."""
+KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
+"""KV cache dtype -> SGLang's flags (bfloat16 is the model's dtype, SGLang's default)."""
+DFLASH_BLOCK_SIZE = 16
 
 
 class ServerFailed(RuntimeError):
@@ -58,7 +66,10 @@ class ServerSpec:
     name: str
     mode: str  # KDTREE_VERIFY: off | validate | on
     model: Path
-    speculation: str = "tree"
+    speculation: str = "tree"  # tree | chain (EAGLE) | dflash
+    draft: Path | None = None  # the DFlash draft model directory (dflash only)
+    block_size: int = DFLASH_BLOCK_SIZE  # DFlash: tokens verified per step
+    kv_dtype: str = "bfloat16"  # or fp8_e4m3
     cuda_graphs: bool = True
     radix_cache: bool = True
     mem_fraction: float = 0.08
@@ -66,6 +77,35 @@ class ServerSpec:
     graph_max_bs: int = GRAPH_MAX_BS  # decode graphs cover batches 1..graph_max_bs
     extra: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.speculation not in SPEC_FAMILY:
+            raise ValueError(
+                f"{self.name}: speculation {self.speculation!r}; choose from {sorted(SPEC_FAMILY)}"
+            )
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"{self.name}: kv_dtype {self.kv_dtype!r}; choose from {sorted(KV_DTYPES)}"
+            )
+        if (self.speculation == DFLASH) != (self.draft is not None):
+            raise ValueError(f"{self.name}: a draft model goes with dflash, and only with it")
+        if self.block_size < 2:
+            raise ValueError(f"{self.name}: block_size must be at least 2, got {self.block_size}")
+
+    @property
+    def spec(self) -> str:
+        """The speculative algorithm's family: eagle or dflash."""
+        return SPEC_FAMILY[self.speculation]
+
+    def speculative_flags(self) -> list[str]:
+        if self.speculation != DFLASH:
+            return ["--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation]]
+        # DFLASH forces num_steps and eagle_topk to 1 itself; the block is the verify width.
+        return [
+            "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", str(self.draft),
+            "--speculative-num-draft-tokens", str(self.block_size),
+        ]  # fmt: skip
 
     def flags(self, port: int) -> list[str]:
         """SGLang's arguments for this configuration (kdtree-serve passes them through)."""
@@ -79,7 +119,7 @@ class ServerSpec:
             "--attention-backend", "triton", "--sampling-backend", "pytorch",
             "--grammar-backend", "none", "--moe-runner-backend", "triton",
             "--mem-fraction-static", str(self.mem_fraction),
-            "--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation],
+            *self.speculative_flags(), *KV_DTYPES[self.kv_dtype],
             *graphs, "--cuda-graph-backend-prefill", "disabled",
             *([] if self.radix_cache else ["--disable-radix-cache"]),
             *(["--tp-size", str(self.tp)] if self.tp > 1 else []),
@@ -91,7 +131,14 @@ class ServerSpec:
             "name": self.name,
             "mode": self.mode,
             "model": self.model.name,
+            "spec": self.spec,
             "speculation": self.speculation,
+            **(
+                {"draft": self.draft.name, "block_size": self.block_size}
+                if self.speculation == DFLASH
+                else {}
+            ),
+            "kv_dtype": self.kv_dtype,
             "cuda_graphs": self.cuda_graphs,
             "graph_max_bs": self.graph_max_bs if self.cuda_graphs else 0,
             "radix_cache": self.radix_cache,

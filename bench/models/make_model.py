@@ -20,7 +20,7 @@ are drawn from one seed and scaled:
   model at 0.1, about 28% of positions (16% agree at 0.5, 85% at 0.05). The acceptance rate
   that follows is measured by the end-to-end run, not assumed.
 
-Two presets (``--preset``):
+Three presets (``--preset``):
 
 - ``tiny``: 1,024 hidden, 16 heads, 2 layers (dense + MoE), q_lora 384. Starts in seconds;
   for correctness.
@@ -29,9 +29,21 @@ Two presets (``--preset``):
   (128 / 8); the dense MLP at 18,432 / 8 = 2,304; each expert at 2,048 / 8 = 256 with 16 routed
   experts (top-8) and 1 shared, instead of 256 routed. ``--layers`` layers (default 4: one dense,
   the rest MoE) instead of 61, plus the NextN layer; vocabulary 4,096 (this tokenizer).
+- ``kimi-rank``: one TP8 rank's share of Kimi K2 (the DeepSeek-V3 architecture with 64 heads,
+  384 experts and its own vocabulary and RoPE): 8 heads (64 / 8) at the same MLA dimensions as
+  ``rank``; Kimi's vocabulary of 163,840 ids; Kimi's RoPE for 256k positions (``rope_theta``
+  50,000, YaRN factor 64 over 4,096 original positions, ``beta_fast`` = ``beta_slow`` =
+  ``mscale`` = ``mscale_all_dim`` = 1, ``max_position_embeddings`` 262,144); the MoE as a rank
+  computes it per token (top-8 routed + 1 shared, each 2,048 / 8 = 256 wide) but with 16 routed
+  experts instead of 384, so that the weights fit; ``routed_scaling_factor`` 2.827 as Kimi's.
+  The embedding and the LM head are 163,840 x 7,168 each (2.35 GB apiece in bf16); the
+  tokenizer keeps its 4,096 ids, so text prompts use ids below 4,096 and ``input_ids`` prompts
+  any id below 163,840 (SGLang checks ids against the model's vocabulary, not the tokenizer's,
+  and decodes ids beyond the tokenizer as id 0).
 
 Usage: python bench/models/make_model.py --preset tiny OUT_DIR [--seed N] [--device cuda]
 Needs torch, safetensors, tokenizers and transformers (all on the GPU machine).
+``--device meta`` draws nothing: the tensors have their names and shapes only (for tests).
 """
 
 from __future__ import annotations
@@ -47,7 +59,9 @@ from pathlib import Path
 import torch
 
 VOCAB = 4096
+"""The tokenizer's size, and the vocabulary of the presets that do not set their own."""
 BOS, EOS = 0, 1
+KIMI_VOCAB = 163840
 
 BASE_CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
@@ -105,6 +119,32 @@ PRESETS = {
         "q_lora_rank": 1536,
         "n_routed_experts": 16,
         "num_experts_per_tok": 8,
+    },
+    "kimi-rank": {
+        "vocab_size": KIMI_VOCAB,
+        "hidden_size": 7168,
+        "intermediate_size": 18432 // 8,
+        "moe_intermediate_size": 2048 // 8,
+        "num_hidden_layers": 4,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 64 // 8,
+        "num_key_value_heads": 64 // 8,
+        "q_lora_rank": 1536,
+        "n_routed_experts": 16,
+        "num_experts_per_tok": 8,
+        "routed_scaling_factor": 2.827,
+        "max_position_embeddings": 262144,
+        "rope_theta": 50000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": 64.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
     },
 }
 
@@ -182,11 +222,16 @@ class _Weights:
     """Seeded tensors, each normalised by its fan-in and cast to bf16 as it is made."""
 
     def __init__(self, seed: int, device: str) -> None:
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        # "meta": names and shapes only, nothing drawn or stored.
+        self.meta = device == "meta"
+        self.generator = None if self.meta else torch.Generator(device=device).manual_seed(seed)
         self.device = device
         self.tensors: dict[str, torch.Tensor] = {}
 
     def normal(self, name: str, shape: tuple[int, ...], std: float) -> None:
+        if self.meta:
+            self.tensors[name] = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+            return
         t = torch.randn(shape, generator=self.generator, device=self.device, dtype=torch.float32)
         self.tensors[name] = (t * std).to(torch.bfloat16).cpu()
 
@@ -194,7 +239,8 @@ class _Weights:
         self.normal(name, (out_features, in_features), gain / math.sqrt(in_features))
 
     def fill(self, name: str, shape: tuple[int, ...], value: float, dtype=torch.bfloat16) -> None:
-        self.tensors[name] = torch.full(shape, value, dtype=dtype)
+        device = "meta" if self.meta else "cpu"
+        self.tensors[name] = torch.full(shape, value, dtype=dtype, device=device)
 
 
 def _decoder_layer(w: _Weights, prefix: str, config: dict, moe: bool, branch_scale: float) -> None:
@@ -246,20 +292,22 @@ def model_weights(
     w = _Weights(seed, device)
     hidden = config["hidden_size"]
     layers = config["num_hidden_layers"]
-    w.normal("model.embed_tokens.weight", (VOCAB, hidden), 1.0)
+    vocab = config["vocab_size"]
+    w.normal("model.embed_tokens.weight", (vocab, hidden), 1.0)
     for i in range(layers):
         moe = i >= config["first_k_dense_replace"]
         _decoder_layer(w, f"model.layers.{i}", config, moe, branch_scale)
     w.fill("model.norm.weight", (hidden,), 1.0)
-    w.linear("lm_head.weight", VOCAB, hidden, gain=logit_scale)
+    w.linear("lm_head.weight", vocab, hidden, gain=logit_scale)
     # The NextN layer: its decoder is MoE (as DeepSeek-V3's), embed and head are the target's.
     nextn = f"model.layers.{layers}"
     _decoder_layer(w, nextn, config, moe=True, branch_scale=branch_scale)
     for norm in ("enorm", "hnorm", "shared_head.norm"):
         w.fill(f"{nextn}.{norm}.weight", (hidden,), 1.0)
     # [identity | 0]: the draft's input is the next token's embedding (see the module doc).
-    eh = torch.zeros(hidden, 2 * hidden, dtype=torch.bfloat16)
-    eh[:, :hidden] = torch.eye(hidden, dtype=torch.bfloat16)
+    eh = torch.zeros(hidden, 2 * hidden, dtype=torch.bfloat16, device="meta" if w.meta else "cpu")
+    if not w.meta:
+        eh[:, :hidden] = torch.eye(hidden, dtype=torch.bfloat16)
     w.tensors[f"{nextn}.eh_proj.weight"] = eh
     return w.tensors
 
@@ -277,8 +325,10 @@ def write_model(
     """Write the model directory; returns its config (with the generator's settings added)."""
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
+    if device == "meta":
+        raise ValueError("--device meta draws no weights, so there is nothing to write")
     config = model_config(preset, layers)
+    out.mkdir(parents=True, exist_ok=True)
     tensors = model_weights(config, seed, logit_scale, branch_scale, device)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["kdtree_model"] = {

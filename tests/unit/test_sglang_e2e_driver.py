@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import sglang_e2e
@@ -69,3 +71,130 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
         "no config.json" in err and "--tp must be at least 1" in err and "unknown ['fast']" in err
     )
     assert "--graph-max-bs must be at least 1, got 0" in err
+
+
+def test_dflash_and_fp8_flags_are_sglang_s() -> None:
+    spec = ServerSpec(
+        "d", "on", Path("/m"), speculation="dflash", draft=Path("/drafts/d16"),
+        kv_dtype="fp8_e4m3",
+    )  # fmt: skip
+    flags = spec.flags(30003)
+    assert flags[flags.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert flags[flags.index("--speculative-draft-model-path") + 1] == "/drafts/d16"
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == "16"
+    # DFLASH forces steps and top-k to 1 itself; EAGLE's flags must not be there.
+    assert "--speculative-eagle-topk" not in flags and "--speculative-num-steps" not in flags
+    assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    described = spec.describe()
+    assert (described["spec"], described["kv_dtype"], described["block_size"]) == (
+        "dflash",
+        "fp8_e4m3",
+        16,
+    )
+    assert described["draft"] == "d16"
+    eagle = ServerSpec("e", "off", Path("/m"))
+    assert "--kv-cache-dtype" not in eagle.flags(1)
+    assert eagle.describe()["spec"] == "eagle" and eagle.describe()["kv_dtype"] == "bfloat16"
+    assert "draft" not in eagle.describe()
+
+
+def test_server_specs_refuse_inconsistent_speculation() -> None:
+    with pytest.raises(ValueError, match="a draft model goes with dflash"):
+        ServerSpec("d", "on", Path("/m"), speculation="dflash")
+    with pytest.raises(ValueError, match="a draft model goes with dflash"):
+        ServerSpec("e", "on", Path("/m"), draft=Path("/d"))
+    with pytest.raises(ValueError, match="kv_dtype 'fp16'"):
+        ServerSpec("e", "on", Path("/m"), kv_dtype="fp16")
+    with pytest.raises(ValueError, match="speculation 'medusa'"):
+        ServerSpec("e", "on", Path("/m"), speculation="medusa")
+
+
+def test_modes_alternate_per_shape_and_per_repetition() -> None:
+    modes = ["off", "on"]
+    assert sglang_e2e.mode_order(modes, 0, 0) == ["off", "on"]
+    assert sglang_e2e.mode_order(modes, 0, 1) == ["on", "off"]
+    assert sglang_e2e.mode_order(modes, 1, 0) == ["on", "off"]
+    three = ["off", "on", "on_draft_triton"]
+    assert sglang_e2e.mode_order(three, 1, 0) == ["on_draft_triton", "on", "off"]
+    # Over a shape's repetitions each mode is first as often as last (even repeats).
+    firsts = [sglang_e2e.mode_order(three, 0, r)[0] for r in range(4)]
+    assert firsts.count("off") == firsts.count("on_draft_triton") == 2
+
+
+def test_every_server_warms_up_before_any_timing_and_is_timed_repeats_times() -> None:
+    plan = sglang_e2e.measurement_plan(["off", "on"], shape=3, repeats=3)
+    phases = [phase for phase, _, _ in plan]
+    assert phases == ["warmup", "warmup"] + ["timed"] * 6
+    assert sorted(mode for phase, _, mode in plan if phase == "warmup") == ["off", "on"]
+    timed = [(r, m) for phase, r, m in plan if phase == "timed"]
+    assert [m for _, m in timed] == ["on", "off", "off", "on", "on", "off"]
+    assert sorted(r for r, m in timed if m == "on") == [0, 1, 2]
+
+
+def test_records_report_the_median_with_min_and_max() -> None:
+    samples = [
+        {"tokens_per_s": 500.0, "step_ms": 5.0, "accept_length": 3.0, "wall_s": 0.5,
+         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": 1023,
+         "output_ids_head": [5, 6]},
+        {"tokens_per_s": 700.0, "step_ms": 4.0, "accept_length": 3.0, "wall_s": 0.4,
+         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": 1022,
+         "output_ids_head": [5, 6]},
+        {"tokens_per_s": 600.0, "step_ms": None, "accept_length": None, "wall_s": 0.45,
+         "verify_steps_max": 0, "generated_tokens": 256, "cached_tokens_min": 1023,
+         "output_ids_head": [5, 7]},
+    ]  # fmt: skip
+    summary = sglang_e2e.summarize(samples)
+    assert summary["repeats"] == 3
+    assert (summary["tokens_per_s"], summary["tokens_per_s_min"], summary["tokens_per_s_max"]) == (
+        600.0,
+        500.0,
+        700.0,
+    )
+    # A repetition without verify steps has no step time: the others decide (median of two).
+    assert summary["step_ms"] == 4.5 and summary["step_ms_min"] == 4.0
+    record = sglang_e2e.shape_record(samples, {"prefill_s": 1.0, "warmup_s": 2.0}, [0, 1, 0])
+    assert record["outputs_identical_across_repeats"] is False
+    assert record["cached_tokens_min"] == 1022 and record["warmup_s"] == 2.0
+    assert record["order_positions"] == [0, 1, 0] and len(record["samples"]) == 3
+    same = sglang_e2e.shape_record(samples[:2], {}, [0, 1])
+    assert same["outputs_identical_across_repeats"] is True
+
+
+def test_prompts_leave_out_the_draft_mask_token(tmp_path) -> None:
+    prompts = sglang_e2e.random_prompts(4, 500, 8, seed=1, avoid=frozenset({7}))
+    assert all(len(p) == 500 and 7 not in p and min(p) >= 2 for p in prompts)
+    assert any(6 in p for p in prompts)
+    (tmp_path / "config.json").write_text('{"dflash_config": {"mask_token_id": 4095}}')
+    assert sglang_e2e.draft_mask_token(tmp_path) == frozenset({4095})
+    assert sglang_e2e.draft_mask_token(None) == frozenset()
+
+
+def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path)]
+    assert sglang_e2e.main([*base, "--spec", "dflash"]) == 2
+    assert sglang_e2e.main([*base, "--draft", str(tmp_path)]) == 2
+    assert sglang_e2e.main([*base, "--spec", "dflash", "--draft", str(tmp_path / "x")]) == 2
+    assert sglang_e2e.main([*base, "--repeats", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--spec dflash needs --draft DIR" in err
+    assert "--draft is a DFlash draft: use it with --spec dflash" in err
+    assert "no config.json in the draft" in err and "--repeats must be at least 1, got 0" in err
+    with pytest.raises(SystemExit):
+        sglang_e2e.main([*base, "--kv-dtype", "fp16"])
+    args = sglang_e2e.build_parser().parse_args([*base, "--kv-dtype", "fp8"])
+    assert sglang_e2e.KV_DTYPE_NAMES[args.kv_dtype] == "fp8_e4m3" and args.repeats == 3
+    assert args.no_cuda_graphs is False
+
+
+def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
+    specs = sglang_e2e.speed_specs(
+        Path("/m"), ["off", "on"], 0.2, (), speculation="dflash", draft=Path("/d"),
+        kv_dtype="fp8_e4m3", cuda_graphs=False,
+    )  # fmt: skip
+    assert {(s.spec, s.kv_dtype, s.draft, s.block_size) for s in specs} == {
+        ("dflash", "fp8_e4m3", Path("/d"), 16)
+    }
+    flags = specs[0].flags(30004)
+    assert flags[flags.index("--cuda-graph-backend-decode") + 1] == "disabled"
+    assert "--cuda-graph-max-bs-decode" not in flags

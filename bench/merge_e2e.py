@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Fold the ``speed.json`` files of ``bench/sglang_e2e.py`` runs into the committed record.
+
+The committed record (``bench/results/sglang_e2e_h200.json``) keeps one row per measured
+configuration and shape, and each row says which run measured it (``run``) and where its server
+log is (``log``: ``RUN/speed.tar.xz:speed/server_NAME.log``, the archive ``bench/sglang_gpu.sh``
+brings back). A new run's rows replace the rows that measured the same thing; every other row
+stays as it was, with its own run and log, and so do the record's other keys.
+
+The same thing is the same ``ROW_KEY``: model preset, speculative family and draft shape, KV
+dtype, configuration (off, on, ...), batch, prompt length, new tokens, decode-graph batch sizes
+and tensor parallelism. Rows written before those fields existed were EAGLE tree runs with a
+bf16 KV cache at TP 1, and are keyed as such (``LEGACY``).
+
+Usage:
+    python bench/merge_e2e.py RECORD RUN=SPEED_JSON [RUN=SPEED_JSON ...] [--log-archive FMT]
+e.g. ``python bench/merge_e2e.py bench/results/sglang_e2e_h200.json run9=/tmp/out/speed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROW_KEY = (
+    "model",
+    "spec",
+    "speculation",
+    "kv_dtype",
+    "configuration",
+    "batch",
+    "prompt_len",
+    "new_tokens",
+    "graph_max_bs",
+    "tp",
+)
+LEGACY = {"spec": "eagle", "speculation": "tree", "kv_dtype": "bfloat16", "tp": 1}
+"""What a row without these fields measured: every run before they were recorded."""
+DROPPED = ("server", "output_ids_head")
+"""Per-run detail a committed row leaves in the run's own speed.json."""
+LOG_ARCHIVE = "{run}/speed.tar.xz:speed/{log}"
+
+
+class MergeError(ValueError):
+    """A speed.json or record that cannot be merged (one line)."""
+
+
+def row_key(row: dict[str, Any]) -> tuple:
+    return tuple(row.get(k, LEGACY.get(k)) for k in ROW_KEY)
+
+
+def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHIVE) -> dict:
+    """A speed.json record in the committed row format, tagged with its run."""
+    missing = [
+        k for k in ("model", "spec", "kv_dtype", "configuration", "batch") if k not in record
+    ]
+    if missing:
+        raise MergeError(f"{run}: a record lacks {missing}; was it written by sglang_e2e.py?")
+    server = record.get("server", {})
+    row = {k: v for k, v in record.items() if k not in DROPPED}
+    row.update(
+        speculation=server.get("speculation", LEGACY["speculation"]),
+        graph_max_bs=server.get("graph_max_bs"),
+        tp=server.get("tp", LEGACY["tp"]),
+        run=run,
+        log=log_archive.format(run=run, log=record.get("log", "")),
+    )
+    if "block_size" in server:
+        row["block_size"] = server["block_size"]
+        row["draft"] = server.get("draft")
+    return row
+
+
+def merge(
+    committed: dict[str, Any],
+    runs: list[tuple[str, dict[str, Any]]],
+    log_archive: str = LOG_ARCHIVE,
+) -> dict[str, Any]:
+    """The committed record with each run's rows in place of those they measured again.
+
+    Rows keep their order; rows of a new key go at the end in the runs' order. Failed records
+    (``error``) replace nothing and are kept under ``failed_records``. ``models`` and ``runs``
+    say which model and which method (repeats, warm-up, new tokens) each run used.
+    """
+    if not isinstance(committed.get("records"), list):
+        raise MergeError("the committed record has no 'records' list")
+    rows = list(committed["records"])
+    index = {row_key(row): i for i, row in enumerate(rows)}
+    failed = list(committed.get("failed_records", []))
+    models = dict(committed.get("models", {}))
+    run_info = dict(committed.get("runs", {}))
+    for run, speed in runs:
+        if run in run_info or any(r.get("run") == run for r in rows):
+            raise MergeError(f"run {run!r} is already in the record; name the new run otherwise")
+        records = speed.get("records")
+        if not isinstance(records, list) or not records:
+            raise MergeError(f"{run}: no records in its speed.json")
+        run_info[run] = {
+            k: speed.get(k) for k in ("new_tokens", "repeats", "warmup_tokens", "ready_after_s")
+        }
+        model = speed.get("model") or {}
+        if model.get("preset"):
+            models[model["preset"]] = {**model, **speed.get("model_config", {})}
+        if speed.get("draft"):
+            run_info[run]["draft"] = speed["draft"]
+        for record in records:
+            row = committed_row(record, run, log_archive)
+            if "error" in record:
+                failed.append(row)
+                continue
+            key = row_key(row)
+            if key in index:
+                rows[index[key]] = row
+            else:
+                index[key] = len(rows)
+                rows.append(row)
+    merged = {**committed, "records": rows, "models": models, "runs": run_info}
+    if failed:
+        merged["failed_records"] = failed
+    return merged
+
+
+def parse_run(text: str) -> tuple[str, Path]:
+    run, sep, path = text.partition("=")
+    if not sep or not run or not path:
+        raise argparse.ArgumentTypeError(f"expected RUN=SPEED_JSON, got {text!r}")
+    return run, Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("record", type=Path, help="the committed record, rewritten in place")
+    parser.add_argument("runs", type=parse_run, nargs="+", help="RUN=path/to/speed.json")
+    parser.add_argument(
+        "--log-archive", default=LOG_ARCHIVE, help=f"where a row's log is (default {LOG_ARCHIVE})"
+    )
+    args = parser.parse_args(argv)
+    try:
+        committed = json.loads(args.record.read_text())
+        runs = [(run, json.loads(path.read_text())) for run, path in args.runs]
+        merged = merge(committed, runs, args.log_archive)
+    except (OSError, json.JSONDecodeError, MergeError) as error:
+        print(f"merge_e2e: {error}", file=sys.stderr)
+        return 2
+    args.record.write_text(json.dumps(merged, indent=1) + "\n")
+    replaced = sum(1 for r in merged["records"] if r.get("run") in dict(args.runs))
+    print(f"merge_e2e: {args.record}: {len(merged['records'])} rows, {replaced} from the new runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""bench/merge_e2e.py: a run's speed.json rows replace the committed rows that measured the same
+configuration and shape, every other row keeps its run and log, and bad input is refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import merge_e2e
+import sglang_e2e
+from sglang_servers import ServerSpec
+
+COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "sglang_e2e_h200.json"
+
+
+def speed_record(spec: ServerSpec, configuration: str, batch: int, prompt_len: int, tok_s: float):
+    """A record as sglang_e2e.py writes it, built with its own functions."""
+    samples = [
+        {"tokens_per_s": tok_s + d, "step_ms": 5.0, "accept_length": 3.1, "wall_s": 0.4,
+         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": prompt_len - 1,
+         "output_ids_head": [3, 4]}
+        for d in (-10.0, 0.0, 10.0)
+    ]  # fmt: skip
+    record = {"batch": batch, "prompt_len": prompt_len, "new_tokens": 256}
+    record.update(sglang_e2e.shape_record(samples, {"prefill_s": 0.1, "warmup_s": 0.2}, [0, 1, 0]))
+    record.update(
+        mode=spec.mode,
+        configuration=configuration,
+        server=spec.describe(),
+        server_flags=spec.flags(30000),
+        log=f"server_{spec.name}.log",
+        model="rank",
+        spec=spec.spec,
+        kv_dtype=spec.kv_dtype,
+    )
+    return record
+
+
+def speed_json(records: list[dict]) -> dict:
+    return {
+        "model": {"preset": "rank", "seed": 0},
+        "model_config": {"hidden_size": 7168},
+        "new_tokens": 256,
+        "repeats": 3,
+        "warmup_tokens": 64,
+        "records": records,
+    }
+
+
+@pytest.fixture()
+def committed() -> dict:
+    return json.loads(COMMITTED.read_text())
+
+
+def test_new_rows_replace_the_same_measurement_and_keep_the_rest(committed) -> None:
+    before = copy.deepcopy(committed)
+    eagle = ServerSpec("speed_off", "off", Path("/tmp/models/rank"))
+    dflash = ServerSpec(
+        "speed_on", "on", Path("/tmp/models/rank"), speculation="dflash", draft=Path("/d")
+    )
+    run = speed_json(
+        [speed_record(eagle, "off", 1, 1024, 700.0), speed_record(dflash, "on", 1, 1024, 900.0)]
+    )
+    merged = merge_e2e.merge(committed, [("run9", run)])
+    old_key = merge_e2e.row_key(
+        next(
+            r
+            for r in before["records"]
+            if (r["run"], r["configuration"], r["batch"], r["prompt_len"])
+            == ("run3", "off", 1, 1024)
+        )
+    )
+    replaced = [r for r in merged["records"] if merge_e2e.row_key(r) == old_key]
+    assert len(replaced) == 1 and replaced[0]["run"] == "run9"
+    assert replaced[0]["tokens_per_s"] == 700.0 and replaced[0]["tokens_per_s_min"] == 690.0
+    assert replaced[0]["log"] == "run9/speed.tar.xz:speed/server_speed_off.log"
+    # The DFlash row is new; everything else is the committed rows, untouched.
+    assert len(merged["records"]) == len(before["records"]) + 1
+    added = merged["records"][-1]
+    assert (added["spec"], added["speculation"], added["block_size"]) == ("dflash", "dflash", 16)
+    untouched = [r for r in merged["records"] if r.get("run") != "run9"]
+    assert untouched == [r for r in before["records"] if merge_e2e.row_key(r) != old_key]
+    for key in before:
+        if key != "records":
+            assert merged[key] == before[key], key
+    assert merged["runs"]["run9"]["repeats"] == 3 and "rank" in merged["models"]
+    assert "server" not in added and "output_ids_head" not in added
+
+
+def test_failed_records_replace_nothing_and_are_kept(committed) -> None:
+    eagle = ServerSpec("speed_on", "on", Path("/tmp/models/rank"))
+    failed = {**speed_record(eagle, "on", 1, 1024, 1.0), "error": "HTTP 500"}
+    merged = merge_e2e.merge(committed, [("run9", speed_json([failed]))])
+    assert merged["records"] == committed["records"]
+    assert merged["failed_records"][0]["error"] == "HTTP 500"
+    assert merged["failed_records"][0]["run"] == "run9"
+
+
+def test_a_run_already_in_the_record_is_refused(committed, tmp_path, capsys) -> None:
+    eagle = ServerSpec("speed_off", "off", Path("/m"))
+    with pytest.raises(merge_e2e.MergeError, match="run 'run3' is already in the record"):
+        merge_e2e.merge(committed, [("run3", speed_json([speed_record(eagle, "off", 1, 1, 1.0)]))])
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(committed))
+    (tmp_path / "speed.json").write_text(json.dumps({"records": []}))
+    assert merge_e2e.main([str(record), f"run9={tmp_path / 'speed.json'}"]) == 2
+    assert "run9: no records in its speed.json" in capsys.readouterr().err
+    assert json.loads(record.read_text()) == committed  # nothing written on refusal
+
+
+def test_the_cli_rewrites_the_record_in_its_committed_format(committed, tmp_path) -> None:
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(committed, indent=1) + "\n")
+    eagle = ServerSpec("speed_on", "on", Path("/m"), kv_dtype="fp8_e4m3")
+    (tmp_path / "speed.json").write_text(
+        json.dumps(speed_json([speed_record(eagle, "on", 8, 32768, 2000.0)]))
+    )
+    assert merge_e2e.main([str(record), f"run10={tmp_path / 'speed.json'}"]) == 0
+    text = record.read_text()
+    merged = json.loads(text)
+    assert text == json.dumps(merged, indent=1) + "\n"
+    assert merged["records"][-1]["kv_dtype"] == "fp8_e4m3"
+    assert len(merged["records"]) == len(committed["records"]) + 1
