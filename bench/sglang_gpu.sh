@@ -7,7 +7,8 @@
 # its wheel carries. Caches stay under /tmp so a warm machine reuses them.
 #
 # Phases:
-#   correctness  tests/gpu/test_sglang_e2e.py (8 tiny-model servers: validate == off, parity gate)
+#   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
+#                kimi; default eagle): validate == off, the parity gate
 #   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
@@ -47,9 +48,18 @@ for phase in "$@"; do
   say "phase $phase"
   case $phase in
     correctness)
-      KDTREE_E2E_OUT=$OUT/correctness python3 -m pytest -q -rs -p no:cacheprovider \
-        tests/gpu/test_sglang_e2e.py 2>&1 | tee "$OUT/correctness.log" || true
-      cp "$OUT/correctness/correctness.json" "$OUT/" || true ;;
+      # One pytest per configuration family (E2E_CONFIGS, default eagle), all at once: each
+      # family's servers start in waves of four, and the families share the GPU.
+      for config in ${E2E_CONFIGS:-eagle}; do
+        KDTREE_E2E_CONFIG=$config KDTREE_E2E_OUT=$OUT/correctness/$config timeout "${E2E_TIMEOUT:-560}" \
+          python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_sglang_e2e.py \
+          >"$OUT/correctness_$config.log" 2>&1 &
+      done
+      wait
+      for config in ${E2E_CONFIGS:-eagle}; do
+        tail -4 "$OUT/correctness_$config.log"
+        cp "$OUT/correctness/$config/correctness.json" "$OUT/correctness_$config.json" || true
+      done ;;
     speed)
       preset=${SPEED_PRESET:-rank}
       python3 bench/models/make_model.py --preset "$preset" --device cuda "/tmp/models/$preset"

@@ -1,20 +1,24 @@
 """Real SGLang 0.5.23 servers with the kdtree backend, end to end, on the GPU.
 
-Eight ``kdtree-serve`` servers of a seeded tiny DeepSeek-V3 model (``bench/models``) run at once
-on one GPU, each with EAGLE speculation and ``--enable-metrics``:
+``kdtree-serve`` servers of a seeded DeepSeek-V3-architecture model (``bench/models``) run at once
+on one GPU, each with speculative decoding and ``--enable-metrics``. ``KDTREE_E2E_CONFIG`` picks
+the configuration family (``CONFIGS``; default ``eagle``): EAGLE's tree on the tiny model with a
+bf16 cache (``eagle``) or an FP8 one (``eagle-fp8``), DFlash's block verify with its draft model
+(``dflash``), or EAGLE on one TP8 rank of Kimi K2 (``kimi``). Every family has these servers
+(``eagle`` adds the chain pair):
 
-=================  ========  ===========  ===========  ===========================================
-server             mode      speculation  CUDA graphs  what it proves
-=================  ========  ===========  ===========  ===========================================
-off_tree           off       tree         yes          the baseline; the parity gate's baseline
-validate_tree      validate  tree         yes          served tokens and logprobs == off_tree's
-off_tree_eager     off       tree         no
-validate_tree_eager validate tree         no           == off_tree_eager's, eagerly
-off_chain          off       chain        yes
-validate_chain     validate  chain        yes          == off_chain's
-on_tree            on        tree         yes          the parity gate's candidate: PASS
-on_tree_seed1      on        tree         yes          other weights: the gate must FAIL
-=================  ========  ===========  ===========  ===========================================
+=================  ========  ===========  ===========================================
+server             mode      CUDA graphs  what it proves
+=================  ========  ===========  ===========================================
+off                off       yes          the baseline; the parity gate's baseline
+validate           validate  yes          served tokens and logprobs == off's
+off_eager          off       no           (families with an eager pair)
+validate_eager     validate  no           == off_eager's, eagerly
+off_chain          off       yes          (eagle: EAGLE's chain, top-k 1)
+validate_chain     validate  yes          == off_chain's
+on                 on        yes          the parity gate's candidate: PASS
+on_seed1           on        yes          other weights: the gate must FAIL
+=================  ========  ===========  ===========================================
 
 Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
 at a time (batch 1: decode graph replays on graph servers), then one /generate call of 8
@@ -29,6 +33,7 @@ pytest temporary directory).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "models"))
 
+import make_dflash_draft  # noqa: E402
 import make_model  # noqa: E402
 from sglang_e2e import metric_sum, metric_values  # noqa: E402
 from sglang_servers import ServerSpec, start_all, stop_all  # noqa: E402
@@ -59,11 +65,43 @@ from kdtree_parity.generation import parse_generate_response  # noqa: E402
 from kdtree_parity.policy import load_policy  # noqa: E402
 
 POLICY = ROOT / "bench" / "models" / "parity_policy.yaml"
-PAIRS = {
-    "tree graphs": ("off_tree", "validate_tree"),
-    "tree eager": ("off_tree_eager", "validate_tree_eager"),
-    "chain graphs": ("off_chain", "validate_chain"),
+
+
+@dataclasses.dataclass(frozen=True)
+class E2EConfig:
+    """One configuration family: the target preset and what every server of it runs."""
+
+    preset: str
+    server: dict  # ServerSpec keywords common to every server (speculation, kv_dtype, ...)
+    eager_pair: bool = True
+    chain_pair: bool = False
+    mem_fraction: float = 0.07
+
+    @property
+    def dflash(self) -> bool:
+        return self.server.get("speculation") == "dflash"
+
+    def pairs(self) -> dict[str, tuple[str, str]]:
+        pairs = {"graphs": ("off", "validate")}
+        if self.eager_pair:
+            pairs["eager"] = ("off_eager", "validate_eager")
+        if self.chain_pair:
+            pairs["chain graphs"] = ("off_chain", "validate_chain")
+        return pairs
+
+
+CONFIGS = {
+    "eagle": E2EConfig("tiny", {}, chain_pair=True),
+    "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}),
+    "dflash": E2EConfig("tiny", {"speculation": "dflash"}),
+    "kimi": E2EConfig("kimi-rank", {}, eager_pair=False, mem_fraction=0.16),
 }
+CONFIG_NAME = os.environ.get("KDTREE_E2E_CONFIG", "eagle")
+if CONFIG_NAME not in CONFIGS:
+    raise pytest.UsageError(f"KDTREE_E2E_CONFIG={CONFIG_NAME!r}: choose from {sorted(CONFIGS)}")
+CONFIG = CONFIGS[CONFIG_NAME]
+PAIRS = CONFIG.pairs()
+VALIDATE_SERVERS = [validate for _, validate in PAIRS.values()]
 # Per-layer |kernel - triton| bound on the outputs the backend compares (bf16 outputs of O(1)).
 VALIDATE_MAX_ABS = 2e-2
 
@@ -77,34 +115,49 @@ def out_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[int, Path]:
+def models(tmp_path_factory) -> dict[int, tuple[Path, Path | None]]:
+    """Seed -> (target directory, its DFlash draft or None)."""
     made = {}
     for seed in (0, 1):
-        path = tmp_path_factory.mktemp(f"tiny_seed{seed}")
-        make_model.write_model(path, "tiny", seed=seed, device="cuda")
-        made[seed] = path
+        path = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}")
+        make_model.write_model(path, CONFIG.preset, seed=seed, device="cuda")
+        draft = None
+        if CONFIG.dflash:
+            draft = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}_dflash")
+            make_dflash_draft.write_draft(path, draft, seed=seed)
+        made[seed] = (path, draft)
     return made
 
 
-def _specs(models: dict[int, Path]) -> list[ServerSpec]:
-    tiny, other = models[0], models[1]
-
-    def spec(name, mode, model=tiny, **kw) -> ServerSpec:
+def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
+    def spec(name, mode, seed=0, **kw) -> ServerSpec:
         # Publish the comparison every 10 steps, so a short run publishes several windows.
         env = {"KDTREE_VALIDATE_EVERY": "10"}
-        return ServerSpec(name, mode, model, radix_cache=False, mem_fraction=0.09, env=env, **kw)
+        target, draft = models[seed]
+        server = {**CONFIG.server, **kw}
+        return ServerSpec(
+            name, mode, target, draft=draft, radix_cache=False, mem_fraction=CONFIG.mem_fraction,
+            env=env, **server,
+        )  # fmt: skip
 
-    return [
+    specs = [
         # The parity gate's three first, in the first wave of starts.
-        spec("off_tree", "off"),
-        spec("on_tree", "on"),
-        spec("on_tree_seed1", "on", model=other),
-        spec("validate_tree", "validate"),
-        spec("off_tree_eager", "off", cuda_graphs=False),
-        spec("validate_tree_eager", "validate", cuda_graphs=False),
-        spec("off_chain", "off", speculation="chain"),
-        spec("validate_chain", "validate", speculation="chain"),
+        spec("off", "off"),
+        spec("on", "on"),
+        spec("on_seed1", "on", seed=1),
+        spec("validate", "validate"),
     ]
+    if CONFIG.eager_pair:
+        specs += [
+            spec("off_eager", "off", cuda_graphs=False),
+            spec("validate_eager", "validate", cuda_graphs=False),
+        ]
+    if CONFIG.chain_pair:
+        specs += [
+            spec("off_chain", "off", speculation="chain"),
+            spec("validate_chain", "validate", speculation="chain"),
+        ]
+    return specs
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +234,7 @@ def generations(servers, out_dir) -> dict[str, list[dict] | str]:
 @pytest.fixture(scope="module")
 def record(out_dir):
     """correctness.json: what each check found, written when the module ends."""
-    found: dict = {}
+    found: dict = {"config": CONFIG_NAME, "family": dataclasses.asdict(CONFIG)}
     yield found
     (out_dir / "correctness.json").write_text(json.dumps(found, indent=2) + "\n")
 
@@ -230,8 +283,13 @@ def _forward_metrics(values: dict, prefix: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", ["validate_tree", "validate_tree_eager", "validate_chain"])
-@pytest.mark.parametrize("prefix", ["kdtree_verify", "kdtree_draft_extend"])
+# EAGLE's draft runs the draft extend over the MLA prefix (the kernel serves it too); DFlash's
+# draft is an MHA model with its own cache, which stays on SGLang's Triton kernel.
+FORWARDS = ["kdtree_verify"] if CONFIG.dflash else ["kdtree_verify", "kdtree_draft_extend"]
+
+
+@pytest.mark.parametrize("name", VALIDATE_SERVERS)
+@pytest.mark.parametrize("prefix", FORWARDS)
 def test_validate_metrics(name, prefix, servers, generations, record) -> None:
     running, _ = servers
     found = _forward_metrics(metric_values(running[name].get("/metrics")), prefix)
@@ -249,9 +307,22 @@ def test_validate_metrics(name, prefix, servers, generations, record) -> None:
     assert found["over_tolerance"] == 0
 
 
+if CONFIG.dflash:  # (EAGLE's draft extend is checked by test_validate_metrics)
+
+    def test_dflash_draft_attention_stays_stock(servers, generations, record) -> None:
+        """The DFlash draft's attention is MHA over its own cache, not the MLA pool: our backend
+        in its runner serves no forward."""
+        running, _ = servers
+        values = metric_values(running["validate"].get("/metrics"))
+        found = _forward_metrics(values, "kdtree_draft_extend")
+        record["dflash_draft"] = found
+        assert found["steps_eager"] == 0 and found["steps_replay"] == 0, found
+        assert found["kernel_calls"] == 0, found
+
+
 def test_plugin_runs_in_the_scheduler_process(servers, record) -> None:
     running, _ = servers
-    server = running["validate_tree"]
+    server = running["validate"]
     lines = [
         line for line in server.log_text().splitlines() if "kdtree verify backend (target)" in line
     ]
@@ -270,7 +341,7 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
     parity_out = out_dir / "parity"
     command = [
         shutil.which("kdtree-parity") or "kdtree-parity", "run",
-        "--baseline", running["off_tree"].url, "--candidate", running[candidate].url,
+        "--baseline", running["off"].url, "--candidate", running[candidate].url,
         "--corpus", "short", "--policy", str(POLICY), "--out", str(parity_out),
         "--db", str(parity_out / "parity.sqlite3"), "--no-progress",
     ]  # fmt: skip
@@ -290,12 +361,12 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
 
 
 def test_parity_gate_passes_the_kernel_candidate(servers, out_dir, record) -> None:
-    code, report = _parity("on_tree", servers, out_dir, record)
+    code, report = _parity("on", servers, out_dir, record)
     assert report, "no report.json was written"
     assert (code, report["verdict"]["status"]) == (0, "pass"), report["verdict"]
 
 
 def test_parity_gate_fails_a_candidate_with_other_weights(servers, out_dir, record) -> None:
-    code, report = _parity("on_tree_seed1", servers, out_dir, record)
+    code, report = _parity("on_seed1", servers, out_dir, record)
     assert report, "no report.json was written"
     assert (code, report["verdict"]["status"]) == (1, "fail"), report["verdict"]

@@ -171,3 +171,36 @@ def test_unscaled_fp8_layer_is_served_like_triton():
     served, _, _, registry = ours(VerifyMode.ON, layer)
     assert kernel_calls(registry) == 1
     assert relative(served, stock) < TRITON_P_BOUND
+
+
+def test_validate_reports_each_sides_error_against_the_exact_computation():
+    """Validate with an fp8 pool also measures Triton's and the kernel's distance to the exact
+    computation on the stored values (the op's fp16-operand mode, here float32): the published
+    gauges are those distances, each computed again here from the three outputs."""
+    layer = scaled_layer()
+    served, backend, batch, registry = ours(VerifyMode.VALIDATE, layer)
+    q, k, v = batch.qkv[0]
+    exact = op_of(backend, batch, q, k, v, layer, "fp16")
+    kernel = op_of(backend, batch, q, k, v, layer, "triton")
+    backend.kdtree_flush()
+
+    def gauge(side: str) -> float | None:
+        return registry.get_sample_value(
+            "kdtree_verify_max_abs_error_vs_exact", {"side": side, "layer": "0", "tp_rank": "0"}
+        )
+
+    assert gauge("triton") == pytest.approx(float((served - exact).abs().max()), rel=1e-6)
+    assert gauge("kdtree") == pytest.approx(float((kernel - exact).abs().max()), rel=1e-6)
+    assert gauge("triton") > 0 and gauge("kdtree") > 0
+
+
+def test_on_mode_keeps_no_exact_comparison():
+    _, backend, _, registry = ours(VerifyMode.ON, scaled_layer())
+    assert backend.kdtree_exact_recorders == {}
+    backend.kdtree_flush()
+    assert (
+        registry.get_sample_value(
+            "kdtree_verify_max_abs_error_vs_exact", {"side": "triton", "layer": "0", "tp_rank": "0"}
+        )
+        is None
+    )

@@ -124,6 +124,25 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             if compares
             else None
         )
+        # Validate with an fp8 pool: each side's error against the exact computation on the
+        # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
+        exact_sides = ("triton", "kdtree")
+        self.kdtree_exact_recorders = (
+            {
+                side: ComparisonRecorder(
+                    num_layers=pool.layer_num,
+                    first_layer_id=getattr(pool, "start_layer", 0) or 0,
+                    device=self.kdtree_device,
+                    atol=settings.atol,
+                    rtol=settings.rtol,
+                )
+                for side in exact_sides
+            }
+            if self.kdtree_active
+            and settings.mode is VerifyMode.VALIDATE
+            and pool.dtype == FP8_KV_DTYPE
+            else {}
+        )
         self.kdtree_shadow_gate = (
             ShadowGate(self.req_to_token_pool.size, self.kdtree_device)
             if self.kdtree_active and settings.mode is VerifyMode.ON and settings.shadow_every
@@ -245,8 +264,16 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         stats = recorder.collect()
         if stats is not None:
             self.kdtree_telemetry.publish(self.kdtree_step, stats)
+        self._kdtree_publish_vs_exact()
         if self.kdtree_step % self.kdtree_settings.validate_every == 0:
             recorder.snapshot()
+            for exact in self.kdtree_exact_recorders.values():
+                exact.snapshot()
+
+    def _kdtree_publish_vs_exact(self) -> None:
+        collected = {side: r.collect() for side, r in self.kdtree_exact_recorders.items()}
+        if collected and all(stats is not None for stats in collected.values()):
+            self.kdtree_telemetry.publish_vs_exact(self.kdtree_step, collected)
 
     def kdtree_flush(self) -> None:
         """Publish what has been recorded so far (waits for the device; not for the hot path)."""
@@ -254,11 +281,14 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         if recorder is None:
             return
         recorder.snapshot()
+        for exact in self.kdtree_exact_recorders.values():
+            exact.snapshot()
         if self.kdtree_device.type == "cuda":
             torch.cuda.synchronize(self.kdtree_device)
         stats = recorder.collect()
         if stats is not None:
             self.kdtree_telemetry.publish(self.kdtree_step, stats)
+        self._kdtree_publish_vs_exact()
 
     # ------------------------------------------------------------------------- per layer
 
@@ -331,7 +361,14 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.forward_metadata.kdtree_inputs = inputs
         return inputs
 
-    def _kdtree_kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: Any):
+    def _kdtree_kernel(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: Any,
+        fp8_numerics: str | None = None,
+    ):
         # The parent's k_descale / v_descale: the layer's scales when it has both, else 1.0.
         scaled = layer.k_scale is not None and layer.v_scale is not None
         out = _verify_layer(
@@ -344,7 +381,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             layer.scaling,
             k_scale=layer.k_scale_float if scaled else 1.0,
             v_scale=layer.v_scale_float if scaled else 1.0,
-            fp8_numerics=self.kdtree_settings.fp8_numerics,
+            fp8_numerics=fp8_numerics or self.kdtree_settings.fp8_numerics,
         )
         return out.view(out.shape[0], -1)
 
@@ -395,6 +432,14 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return served
         self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
         self.kdtree_recorder.record(layer.layer_id, kernel_out, served)
+        if self.kdtree_exact_recorders:
+            exact = (
+                kernel_out
+                if self.kdtree_settings.fp8_numerics == "fp16"
+                else self._kdtree_kernel(q, k, v, layer, fp8_numerics="fp16")
+            )
+            self.kdtree_exact_recorders["triton"].record(layer.layer_id, served, exact)
+            self.kdtree_exact_recorders["kdtree"].record(layer.layer_id, kernel_out, exact)
         return served
 
     def _kdtree_serve(self, q, k, v, layer, forward_batch, save_kv_cache):

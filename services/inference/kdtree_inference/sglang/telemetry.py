@@ -24,6 +24,9 @@ kdtree_verify_compared_elements_total           counter output elements compared
 kdtree_verify_publishes_total                   counter comparison windows published
 kdtree_verify_shadow_errors_total               counter on mode: runs of KDTREE_SHADOW_ERROR_STREAK
                                                         windows over tolerance
+kdtree_verify_max_abs_error_vs_exact{side,      gauge   validate, fp8 pool: max |side - exact| in
+layer}                                                  the last window, side triton or kdtree,
+                                                        exact the kernel's fp16-operand mode
 =============================================== ======= =========================================
 
 EAGLE's draft-extend forward, when the kernel serves it too (``KDTREE_DRAFT_EXTEND``), reports
@@ -66,6 +69,7 @@ class _Metrics:
     compared: Any
     publishes: Any
     shadow_errors: Any
+    error_vs_exact: Any
 
 
 # Keyed by the registry object itself (weakly): an id() could be reused by a later registry.
@@ -146,6 +150,14 @@ def _metrics(registry: Any | None, prefix: str = "kdtree_verify") -> _Metrics:
             rank,
             registry=registry,
         ),
+        error_vs_exact=Gauge(
+            f"{prefix}_max_abs_error_vs_exact",
+            "fp8 pool: max |side - exact| over the last published window (exact: the kernel's "
+            "fp16-operand mode on the same stored values)",
+            ["side", "layer", *rank],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ),
     )
     by_prefix[prefix] = made
     return made
@@ -201,6 +213,28 @@ class VerifyTelemetry:
     def fallbacks(self, reason: str, count: int = 1) -> None:
         if count:
             self._metrics.fallbacks.labels(reason=reason, tp_rank=self.rank).inc(count)
+
+    def publish_vs_exact(self, step: int, sides: dict[str, Iterable[LayerStats]]) -> dict | None:
+        """Report each side's error against the exact computation (an fp8 pool in validate
+        mode): a gauge per side and layer, and one log line with each side's worst layer."""
+        worst: dict[str, float] = {}
+        for side, stats in sides.items():
+            for s in stats:
+                if not s.compared:
+                    continue
+                layer = str(s.layer_id)
+                self._metrics.error_vs_exact.labels(side=side, layer=layer, tp_rank=self.rank).set(
+                    s.max_abs
+                )
+                worst[side] = max(worst.get(side, 0.0), s.max_abs)
+        if not worst:
+            return None
+        summary = {"step": step, "max_abs_vs_exact": worst}
+        closer = min(worst, key=worst.get)
+        logger.info(
+            "%s_vs_exact %s (closer to exact: %s)", self.prefix, json.dumps(summary), closer
+        )
+        return summary
 
     def publish(self, step: int, stats: Iterable[LayerStats]) -> PublishSummary | None:
         """Report one comparison window; returns None (and reports nothing) if nothing compared."""
