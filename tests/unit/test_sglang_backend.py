@@ -480,3 +480,24 @@ def test_graph_replay_keys_on_batch_size_not_the_length_of_a_padded_buffer():
     assert metric(pair.registry, "kdtree_draft_extend_kernel_calls_total") == len(LAYERS)
     for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
         torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [VerifyMode.ON, VerifyMode.VALIDATE])
+def test_dflash_causal_block_under_graphs_matches_stock(mode):
+    """DFlash's target verify (custom_mask None: a causal block) on the CUDA-graph path: the
+    capture-time inputs carry no mask, so the kernel runs causally, and a replay with new
+    prefixes serves what stock serves."""
+    pair = GraphPair(VerifySettings(mode=mode), mask="causal")
+    stock_batch, ours_batch = pair.capture()
+    inputs = pair.ours.forward_metadata.kdtree_inputs
+    assert inputs.custom_mask is None and inputs.mask_indptr is None
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    stock_batch, ours_batch = pair.replay_metadata([13, 1], seed=5)
+    pair.ours._kdtree_phase = "capture"  # rerun the captured calls on the refreshed buffers
+    for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
+        if mode is VerifyMode.VALIDATE:
+            assert torch.equal(ours, stock)
+        else:
+            torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
+    assert pair.pools_equal()
