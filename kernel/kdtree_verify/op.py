@@ -87,10 +87,11 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def _triton_fp8_attention(
     queries: torch.Tensor,  # [N, H, 576] float32: the MMA operand of q
-    keys: torch.Tensor,  # [K, 576] float32: the prefix's stored values, then the draft rows
-    values: torch.Tensor,  # [K, 512] float32
-    visible: torch.Tensor,  # [N, K] bool
-    prefix_len: int,
+    prefix_keys: torch.Tensor,  # [L, 576] float32: the stored values
+    prefix_values: torch.Tensor,  # [L, 512]
+    draft_keys: torch.Tensor,  # [N, 576] float32: the MMA operands of the draft rows
+    draft_values: torch.Tensor,  # [N, 512]
+    draft_visible: torch.Tensor,  # [N, N] bool
     sm_scale: float,
     draft_p_dtype: torch.dtype,
     k_scale: float,
@@ -103,15 +104,17 @@ def _triton_fp8_attention(
     earlier split (the kernel's row-max pass), moves it on every tile, rounds P for P V (prefix:
     e4m3, then times v_scale; draft: to ``draft_p_dtype``) and sums P unrounded; the splits merge
     by log-sum-exp. So the result is that of one sequential pass, whatever the split size."""
+    prefix_len = prefix_keys.shape[0]
+    keys = torch.cat([prefix_keys, draft_keys])
+    values = torch.cat([prefix_values, draft_values])
+    draft_scores = torch.einsum("nhd,kd->nhk", queries, draft_keys) * sm_scale
     scores = torch.cat(
         [
-            torch.einsum("nhd,kd->nhk", round_e4m3(queries), keys[:prefix_len])
-            * (sm_scale * k_scale),
-            torch.einsum("nhd,kd->nhk", queries, keys[prefix_len:]) * sm_scale,
+            torch.einsum("nhd,kd->nhk", round_e4m3(queries), prefix_keys) * (sm_scale * k_scale),
+            draft_scores.masked_fill(~draft_visible[:, None, :], float("-inf")),
         ],
         dim=-1,
     )
-    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
     shape = queries.shape[:2]
     chunk = -(-max(chunk_size, 1) // KV_TILE) * KV_TILE
     outs, lses = [], []
@@ -164,11 +167,7 @@ def split_kv_verify_cpu(
     only) rounds as SGLang's Triton fp8 path does (``_triton_fp8_attention``).
     """
     fp8_pool = k_buffer.dtype == FP8_KV_DTYPE
-    if fp8_pool and fp8_numerics == "triton":
-        return _triton_fp8_cpu(
-            q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            custom_mask, mask_indptr, sm_scale, k_scale, v_scale, chunk_size,
-        )  # fmt: skip
+    triton_rounding = fp8_pool and fp8_numerics == "triton"
     fp16_mma = fp8_pool and q.dtype != torch.float32
     operand = _fp16_operand if fp16_mma else torch.Tensor.float
     p_dtype = torch.float16 if fp16_mma else q.dtype
@@ -184,6 +183,14 @@ def split_kv_verify_cpu(
             continue
         queries = operand(q[q_lo:q_hi])
         prefix = kv_indices[kv[b] : kv[b + 1]].long()
+        visible = draft_visibility(custom_mask, mask_starts[b], num_draft, prefix.shape[0])
+        draft_keys, draft_values = operand(k_extend[q_lo:q_hi, 0]), operand(v_extend[q_lo:q_hi, 0])
+        if triton_rounding:
+            out[q_lo:q_hi], lse[q_lo:q_hi] = _triton_fp8_attention(
+                queries, k_buffer[prefix, 0].float(), v_buffer[prefix, 0].float(), draft_keys,
+                draft_values, visible, sm_scale, q.dtype, k_scale, v_scale, chunk_size,
+            )  # fmt: skip
+            continue
         partial_outs, partial_lses = [], []
         for start in range(0, prefix.shape[0], chunk_size):
             rows = prefix[start : start + chunk_size]
@@ -199,57 +206,12 @@ def split_kv_verify_cpu(
             )
             partial_outs.append(o_i)
             partial_lses.append(lse_i)
-        visible = draft_visibility(custom_mask, mask_starts[b], num_draft, prefix.shape[0])
         o_i, lse_i = _partial_attention(
-            queries, operand(k_extend[q_lo:q_hi, 0]), operand(v_extend[q_lo:q_hi, 0]), visible,
-            sm_scale, p_dtype,
-        )  # fmt: skip
+            queries, draft_keys, draft_values, visible, sm_scale, p_dtype
+        )
         partial_outs.append(o_i)
         partial_lses.append(lse_i)
         out[q_lo:q_hi], lse[q_lo:q_hi] = merge_partials(partial_outs, partial_lses)
-    return out.to(q.dtype), lse
-
-
-def _triton_fp8_cpu(
-    q: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
-    k_scale: float,
-    v_scale: float,
-    chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``split_kv_verify_cpu`` with ``fp8_numerics="triton"``, request by request."""
-    operand = torch.Tensor.float if q.dtype == torch.float32 else _fp16_operand
-    total_tokens, num_heads, _ = q.shape
-    out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
-    lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
-    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    mask_starts = mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
-    for b in range(len(qo) - 1):
-        q_lo, q_hi = qo[b], qo[b + 1]
-        num_draft = q_hi - q_lo
-        if num_draft == 0:
-            continue
-        prefix = kv_indices[kv[b] : kv[b + 1]].long()
-        prefix_len = prefix.shape[0]
-        keys = torch.cat([k_buffer[prefix, 0].float(), operand(k_extend[q_lo:q_hi, 0])])
-        values = torch.cat([v_buffer[prefix, 0].float(), operand(v_extend[q_lo:q_hi, 0])])
-        visible = torch.ones(num_draft, prefix_len + num_draft, dtype=torch.bool)
-        visible[:, prefix_len:] = draft_visibility(
-            custom_mask, mask_starts[b], num_draft, prefix_len
-        )
-        out[q_lo:q_hi], lse[q_lo:q_hi] = _triton_fp8_attention(
-            operand(q[q_lo:q_hi]), keys, values, visible, prefix_len, sm_scale, q.dtype,
-            k_scale, v_scale, chunk_size,
-        )  # fmt: skip
     return out.to(q.dtype), lse
 
 
