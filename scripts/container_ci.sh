@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Builds the parity and demo images and runs a command against a real Docker engine, on a machine
-# that has no Docker running and no public image registry (CI's, or a plain Debian host):
+# Builds the parity, demo and inference images and runs a command against a real Docker engine,
+# on a machine that has no Docker running and no public image registry (CI's, or a plain Debian
+# host):
 #
 #   scripts/container_ci.sh install         install the engine's Debian packages (root)
-#   scripts/container_ci.sh images          make the base image, build kdtree/parity and kdtree/demo
+#   scripts/container_ci.sh images          make the base image, build kdtree/parity, kdtree/demo
+#                                           and kdtree/inference (CUDA from pip's index)
 #   scripts/container_ci.sh run CMD [ARG..] the above, then dockerd and a local registry in a
-#                                           network namespace of their own (only `lo`), CMD inside
-#                                           that namespace with DOCKER_HOST set; everything it
+#                                           network namespace of their own (only `lo`), the
+#                                           inference image pushed there, CMD inside that
+#                                           namespace with DOCKER_HOST set; everything it
 #                                           started is stopped by pid when CMD ends, pass or fail
 #
 # podman builds (it can reach PyPI from the host's network; the Docker daemon's namespace cannot),
 # the images go to dockerd through `podman save | docker load`, and Compose v2 comes from PyPI.
 # The base image is made with mmdebstrap from Debian's packages and cached as a tarball in
-# KDTREE_CI_CACHE, so a rerun skips it. docs/operations.md ("The container tests") explains each
-# step and the sandbox quirks it works around.
+# KDTREE_CI_CACHE, so a rerun skips it; podman's layer cache and the Dockerfile's pip cache mounts
+# make a rebuild cheap. docs/operations.md ("The container tests") explains each step and the
+# sandbox quirks it works around.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -169,20 +173,57 @@ pip_settings() {
   PIP_ARGS+=(--build-arg "TORCH_INDEX_URL=$torch_index")
 }
 
+# The images CI builds, each from its Dockerfile target. The inference image takes CUDA from pip's
+# index (CUDA_SOURCE=pypi): no registry here serves nvidia/cuda.
+TARGETS=(parity demo inference)
+declare -A TARGET_ARGS=(
+  [inference]="--build-arg CUDA_SOURCE=pypi"
+)
+
 build_images() {
   podman_settings
+  check_build_space
   base_image
   pip_settings
-  local revision target
+  local revision target started
+  local -a extra
   revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-  for target in parity demo; do
+  for target in "${TARGETS[@]}"; do
     step "building kdtree/$target:latest (Dockerfile target $target, revision $revision)"
+    read -r -a extra <<<"${TARGET_ARGS[$target]:-}"
+    started=$(date +%s)
     # --format docker keeps HEALTHCHECK (OCI image configs have no such field).
     podman build --network host --pull=never --format docker --target "$target" \
       --build-arg "PYTHON_SLIM_IMAGE=$BASE_IMAGE" --build-arg "VCS_REF=$revision" \
-      "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
+      "${extra[@]}" "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
+    step "kdtree/$target:latest built in $(($(date +%s) - started)) s," \
+      "$(gigabytes "$(image_size "localhost/kdtree/$target:latest")") GB"
   done
   prune_superseded_images
+}
+
+image_size() { podman image inspect --format '{{.Size}}' "$1"; }
+
+# A cold build of the three images needs about BUILD_SPACE_GB in podman's storage (measured: the
+# layers, pip's cache mount and buildah's working copies; docs/operations.md, "The container
+# tests"); images already built count as room taken, since a rebuild reuses their layers.
+BUILD_SPACE_GB=${KDTREE_CI_BUILD_SPACE_GB:-40}
+check_build_space() {
+  local root free need have=0 target
+  root=$(podman info --format '{{.Store.GraphRoot}}')
+  mkdir -p "$root"
+  for target in "${TARGETS[@]}"; do
+    podman image exists "localhost/kdtree/$target:latest" &&
+      have=$((have + $(image_size "localhost/kdtree/$target:latest")))
+  done
+  need=$((BUILD_SPACE_GB * 1000 ** 3 - have))
+  [ "$need" -lt $((2 * 1000 ** 3)) ] && need=$((2 * 1000 ** 3))
+  free=$(df --output=avail -B1 "$root" | tail -n 1)
+  [ "$free" -ge "$need" ] ||
+    die "$root (podman's storage) has $(gigabytes "$free") GB free and building the images needs" \
+      "about $(gigabytes "$need") GB ($BUILD_SPACE_GB GB for a cold build, less the" \
+      "$(gigabytes "$have") GB of images already built): free some space, or set" \
+      "KDTREE_CI_BUILD_SPACE_GB if you know better"
 }
 
 # Each build moves the tag and leaves the previous image untagged; ours (by their title label)
@@ -204,8 +245,8 @@ prune_superseded_images() {
 # full disk is named up front instead of surfacing as a failed load minutes in.
 check_disk_space() {
   local dir=$1 target images=0 need free
-  for target in parity demo; do
-    images=$((images + $(podman image inspect --format '{{.Size}}' "localhost/kdtree/$target:latest")))
+  for target in "${TARGETS[@]}"; do
+    images=$((images + $(image_size "localhost/kdtree/$target:latest")))
   done
   need=$((2 * images + 2 * 1024 ** 3))
   mkdir -p "$dir"
@@ -382,7 +423,7 @@ EOF
 
 load_images() {
   local target
-  for target in parity demo; do
+  for target in "${TARGETS[@]}"; do
     step "loading kdtree/$target:latest into dockerd"
     podman save --format docker-archive "localhost/kdtree/$target:latest" | docker load --quiet
     docker tag "localhost/kdtree/$target:latest" "kdtree/$target:latest"
@@ -390,8 +431,40 @@ load_images() {
   done
 }
 
+# The inference image goes to the local registry under its revision, and what the registry
+# answered is recorded (RECORD_DIR/inference-image.json: the ref, the repo digest, the image id,
+# its size, how long the push took); tests/containers/test_inference_image.py checks the record
+# against the registry.
+RECORD_DIR=${KDTREE_CI_RECORD_DIR:-runs/ci}
+push_inference_image() {
+  local revision ref digest started record
+  revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  ref=$REGISTRY_ADDR/kdtree/inference:$revision
+  step "pushing kdtree/inference:latest to the local registry as $ref"
+  started=$(date +%s)
+  docker tag kdtree/inference:latest "$ref"
+  docker push --quiet "$ref" >/dev/null
+  digest=$(docker image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$ref" |
+    grep -m1 "^$REGISTRY_ADDR/kdtree/inference@sha256:") ||
+    die "the push of $ref left no repo digest for it"
+  mkdir -p "$RECORD_DIR"
+  record=$(realpath "$RECORD_DIR")/inference-image.json
+  python3 - "$record" "$ref" "$digest" "$(docker image inspect --format '{{.Id}}' "$ref")" \
+    "$(docker image inspect --format '{{.Size}}' "$ref")" "$(($(date +%s) - started))" <<'EOF'
+import json, sys, time
+path, ref, digest, image_id, size, seconds = sys.argv[1:]
+record = {"ref": ref, "repo_digest": digest, "image_id": image_id, "size_bytes": int(size),
+          "push_seconds": int(seconds), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+with open(path, "w") as f:
+    json.dump(record, f, indent=2)
+    f.write("\n")
+EOF
+  step "pushed $digest in $(($(date +%s) - started)) s (recorded in $record)"
+  export KDTREE_CI_INFERENCE_RECORD=$record
+}
+
 # ---------------------------------------------------------------------------- main
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 
 case ${1:-} in
   install)
@@ -411,6 +484,7 @@ case ${1:-} in
     build_images
     start_daemons
     load_images
+    push_inference_image
     step "running in $NETNS: $*"
     # The container tests fail, not skip, if anything they need is missing in here.
     export KDTREE_CONTAINER_CI=1

@@ -2,8 +2,8 @@
 
 Nothing here is a stand-in. ``scripts/container_ci.sh run CMD`` provides the engine (CI runs the
 suite that way through .ci/run): dockerd reachable through DOCKER_HOST, the compose plugin in
-DOCKER_CONFIG, a local registry at KDTREE_CI_REGISTRY, and kdtree/parity:latest and
-kdtree/demo:latest built from this checkout's Dockerfile. Everything runs inside the script's
+DOCKER_CONFIG, a local registry at KDTREE_CI_REGISTRY, and kdtree/parity:latest,
+kdtree/demo:latest and kdtree/inference:latest built from this checkout's Dockerfile. Everything runs inside the script's
 network namespace, which has only loopback.
 
 Without an engine these tests are skipped with the reason; under CI=true a missing engine fails
@@ -36,7 +36,7 @@ def compose_cli() -> None:
 
 @pytest.fixture(scope="session")
 def engine(compose_cli: None) -> None:
-    """A Docker daemon that answers, with the parity and demo images loaded."""
+    """A Docker daemon that answers, with the parity, demo and inference images loaded."""
     info = run("docker", "info", "--format", "{{.ServerVersion}}", check=False, timeout=60)
     if info.returncode != 0:
         first_line = (info.stderr.strip().splitlines() or ["no output"])[0]

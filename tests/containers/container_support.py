@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
-IMAGES = ("kdtree/parity:latest", "kdtree/demo:latest")
+IMAGES = ("kdtree/parity:latest", "kdtree/demo:latest", "kdtree/inference:latest")
+INFERENCE_IMAGE = "kdtree/inference:latest"
 HOW = "run the suite through scripts/container_ci.sh run make test (root; see docs/operations.md)"
 # A uid that no image uses (the images run as 10001), standing for the invoking user when the
 # tests run as root: a report owned by it can only have been written as the invoking user.
