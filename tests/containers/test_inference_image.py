@@ -1,5 +1,5 @@
-"""The inference image CI built (kdtree/inference:latest, Dockerfile target `inference`, CUDA from
-pip's index), inspected and run without a GPU: the kernel's machine code for every arch, SGLang
+"""The inference image CI built (localhost/kdtree/inference:latest in podman's storage, Dockerfile
+target `inference`, CUDA from pip's index), inspected and run with podman, without a GPU: the kernel's machine code for every arch, SGLang
 0.5.23 and the plugin inside it, the entrypoint's refusals, the labels, and the push to the local
 registry whose digest CI recorded (KDTREE_CI_INFERENCE_RECORD, written by
 scripts/container_ci.sh).
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from container_support import INFERENCE_IMAGE, ROOT, docker, inspect, missing
+from container_support import INFERENCE_IMAGE, ROOT, inspect, missing, podman
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("engine")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inference_image")]
 ARCHS = {"sm_80", "sm_90", "sm_120"}
 EXTENSION = "/opt/kdtree/kernel-build/kdtree_verify_cuda.so"
 MANIFEST_TYPES = ", ".join(
@@ -42,7 +42,11 @@ def in_image(
         flags += ["--env", f"{name}={value}"]
     if entrypoint is not None:
         flags += ["--entrypoint", entrypoint]
-    return docker("run", *flags, INFERENCE_IMAGE, *command, check=False, timeout=900)
+    return podman("run", *flags, INFERENCE_IMAGE, *command, check=False, timeout=900)
+
+
+def image_facts(template: str) -> Any:
+    return inspect(INFERENCE_IMAGE, template, engine="podman")
 
 
 def python_in_image(script: str, **env: str) -> dict[str, Any]:
@@ -73,7 +77,7 @@ def test_the_extension_carries_machine_code_for_every_arch() -> None:
     found = elf_archs(result.stdout)
     assert "sm_120" in found, f"no sm_120 code in the extension: {result.stdout}"
     assert found >= ARCHS, f"cuobjdump --list-elf lists {sorted(found)}: {result.stdout}"
-    labels = inspect(INFERENCE_IMAGE, ".Config.Labels")
+    labels = image_facts(".Config.Labels")
     assert {f"sm_{a}" for a in labels["io.kdtree.cuda.archs"].split(";")} == found
 
 
@@ -171,7 +175,7 @@ def test_selfcheck_without_a_gpu_refuses_in_one_line() -> None:
 
 
 def test_labels_name_the_revision_and_the_versions_inside() -> None:
-    labels = inspect(INFERENCE_IMAGE, ".Config.Labels")
+    labels = image_facts(".Config.Labels")
     revision = subprocess.run(
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -214,8 +218,7 @@ def test_the_pushed_digest_ci_recorded_is_the_registrys(registry: str) -> None:
     with urllib.request.urlopen(request, timeout=30) as response:
         served = response.headers["Docker-Content-Digest"]
     assert record["repo_digest"] == f"{repository}@{served}"
-    assert record["repo_digest"] in inspect(INFERENCE_IMAGE, ".RepoDigests")
-    assert record["image_id"] == inspect(INFERENCE_IMAGE, ".Id")
+    assert record["image_id"] == "sha256:" + image_facts(".Id")
     # The manifest the registry serves under that digest names this image's config.
     request = urllib.request.Request(
         f"http://{registry}/v2/kdtree/inference/manifests/{served}",
