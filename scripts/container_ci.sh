@@ -82,13 +82,17 @@ require_root() {
 # (crun and the systemd manager fail on hybrid cgroups without CAP_SYS_RESOURCE), ulimits within
 # the sandbox's hard limit, and events to a file (no journald).
 podman_settings() {
-  local nofile
+  local nofile nproc
   nofile=$(ulimit -Hn)
   [ "$nofile" = unlimited ] && nofile=1048576
+  # `podman run` (the inference image's tests) also sets nproc; runc may not raise it to the
+  # hard limit here, but 32768 (or the hard limit, if lower) it may.
+  nproc=$(ulimit -Hu)
+  { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
   mkdir -p "$CACHE"
   cat >"$CACHE/containers.conf" <<EOF
 [containers]
-default_ulimits = ["nofile=${nofile}:${nofile}"]
+default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=${nproc}:${nproc}"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
@@ -204,29 +208,26 @@ build_images() {
 
 image_size() { podman image inspect --format '{{.Size}}' "$1"; }
 
-# A cold build of the three images grows podman's storage and buildah's cache mounts by about
-# BUILD_SPACE_GB (measured; docs/operations.md, "The container tests"). What is already there
-# (the images, pip's cache) is reused by a rebuild, so it counts as room already taken.
-BUILD_SPACE_GB=${KDTREE_CI_BUILD_SPACE_GB:-30}
-# buildah keeps cache mounts (pip's, here) in /var/tmp/buildah-cache for root.
-PIP_CACHE=/var/tmp/buildah-cache
+# Room a build of each image needs in podman's storage, in GB: about twice the image's measured
+# size (buildah commits a step's changes as a copy before it drops the build container). An
+# image already built needs none: a rebuild reuses its layers (docs/operations.md, "The
+# container tests", has the measurements).
+declare -A BUILD_GB=([parity]=1 [demo]=12 [inference]=30)
 check_build_space() {
-  local root free need have=0 target
+  local root free need=$((2 * 1000 ** 3)) target
+  local -a missing=()
   root=$(podman info --format '{{.Store.GraphRoot}}')
   mkdir -p "$root"
   for target in "${TARGETS[@]}"; do
-    podman image exists "localhost/kdtree/$target:latest" &&
-      have=$((have + $(image_size "localhost/kdtree/$target:latest")))
+    podman image exists "localhost/kdtree/$target:latest" && continue
+    missing+=("$target")
+    need=$((need + ${BUILD_GB[$target]} * 1000 ** 3))
   done
-  [ -d "$PIP_CACHE" ] && have=$((have + $(du -sb "$PIP_CACHE" | cut -f1)))
-  need=$((BUILD_SPACE_GB * 1000 ** 3 - have))
-  [ "$need" -lt $((2 * 1000 ** 3)) ] && need=$((2 * 1000 ** 3))
   free=$(df --output=avail -B1 "$root" | tail -n 1)
   [ "$free" -ge "$need" ] ||
-    die "$root (podman's storage) has $(gigabytes "$free") GB free and building the images" \
-      "needs about $(gigabytes "$need") GB ($BUILD_SPACE_GB GB for a cold build, less the" \
-      "$(gigabytes "$have") GB of images and pip cache already there): free some space, or" \
-      "set KDTREE_CI_BUILD_SPACE_GB if you know better"
+    die "$root (podman's storage) has $(gigabytes "$free") GB free and building" \
+      "${missing[*]} needs about $(gigabytes "$need") GB (twice each image's size, and 2 GB):" \
+      "free some space"
 }
 
 # Each build moves the tag and leaves the previous image untagged; ours (by their title label)
