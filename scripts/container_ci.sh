@@ -15,8 +15,8 @@
 # podman builds (it can reach PyPI from the host's network; the Docker daemon's namespace cannot),
 # the images go to dockerd through `podman save | docker load`, and Compose v2 comes from PyPI.
 # The base image is made with mmdebstrap from Debian's packages and cached as a tarball in
-# KDTREE_CI_CACHE, so a rerun skips it; podman's layer cache and the Dockerfile's pip cache mounts
-# make a rebuild cheap. docs/operations.md ("The container tests") explains each step and the
+# KDTREE_CI_CACHE, so a rerun skips it; podman's layer cache makes a rebuild of an unchanged
+# checkout cheap. docs/operations.md ("The container tests") explains each step and the
 # sandbox quirks it works around.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -208,8 +208,9 @@ build_images() {
 
 image_size() { podman image inspect --format '{{.Size}}' "$1"; }
 
-# Room a build of each image needs in podman's storage, in GB: about twice the image's measured
-# size (buildah commits a step's changes as a copy before it drops the build container). An
+# Room a build of each image needs in podman's storage, in GB: about twice the image's size
+# (buildah commits a step's changes as a copy before it drops the build container; inference:
+# 11.5 GB measured while SGLang installed, at least 15 GB more while it was committed). An
 # image already built needs none: a rebuild reuses its layers (docs/operations.md, "The
 # container tests", has the measurements).
 declare -A BUILD_GB=([parity]=1 [demo]=12 [inference]=30)
@@ -246,7 +247,8 @@ prune_superseded_images() {
 
 # The daemon's copy needs about twice the loaded images' size while `docker load` runs (the
 # archive, then its layers), and the registry keeps the inference image's compressed layers
-# (PUSH_SHARE percent of its size, measured) besides 2 GiB for the other tests' pushes: checked
+# (PUSH_SHARE percent of its size: an estimate for gzip of mostly CUDA libraries, not yet
+# measured) besides 2 GiB for the other tests' pushes: checked
 # before anything starts, so a full disk is named up front instead of surfacing as a failed load
 # or push minutes in.
 PUSH_SHARE=45
