@@ -11,6 +11,14 @@
 # the torch it links against; 13.0 also knows sm_120 (needs >= 12.8).
 ARG CUDA_VERSION=13.0.2
 ARG UBUNTU_VERSION=24.04
+# Where nvcc, the CUDA headers and cudart come from (docs/operations.md, "Building without the
+# public registries"):
+#   image  NVIDIA's devel base image CUDA_BASE_IMAGE (the default)
+#   pypi   NVIDIA's toolkit wheels (cuda-toolkit==CUDA_WHEELS_VERSION from pip's index) on the
+#          Python base PYTHON_SLIM_IMAGE: for a site that cannot pull nvidia/cuda (CI builds so)
+ARG CUDA_SOURCE=image
+# The release torch 2.14.1's wheels pin (cuda-toolkit==13.0.3); nvcc 13.0.88 in both paths.
+ARG CUDA_WHEELS_VERSION=13.0.3
 # The base images and pip's indexes are build arguments, so that a site without Docker Hub, NVIDIA's
 # registry, PyPI or PyTorch's index builds from its own mirrors (docs/operations.md, "Building
 # without the public registries"). PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS are space-separated
@@ -23,20 +31,20 @@ ARG PIP_FIND_LINKS=
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG SGLANG_VERSION=0.5.23
 ARG TORCH_VERSION=2.14.1
+# cuobjdump has no wheel of the 13.0 release; any 13.x reads 13.0's fatbins (the pypi path only:
+# NVIDIA's devel image carries its own).
+ARG CUOBJDUMP_VERSION=13.2.51
 
 # ---------------------------------------------------------------------------------------------
-# Python 3.12 on the CUDA devel base. The runtime keeps the devel base on purpose: SGLang
-# JIT-compiles some kernels (flashinfer, deep_gemm) on first use and needs nvcc and the headers.
-FROM ${CUDA_BASE_IMAGE} AS cuda-python
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ARG PIP_FIND_LINKS
+# Python and a venv on NVIDIA's CUDA devel base.
+FROM ${CUDA_BASE_IMAGE} AS cuda-from-image
+ARG CUDA_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/venv \
+    KDTREE_CUDA_TOOLKIT=${CUDA_VERSION} \
     PATH=/opt/venv/bin:${PATH}
 # Ubuntu's own security updates decide these versions; pinning them would break every rebuild.
 # hadolint ignore=DL3008
@@ -47,17 +55,73 @@ RUN apt-get update \
     && python3 -m venv "${VIRTUAL_ENV}"
 
 # ---------------------------------------------------------------------------------------------
+# The same on a plain Python base, with CUDA's compiler, headers and runtime from NVIDIA's wheels
+# (they unpack into site-packages/nvidia/cu13). CUDA_HOME=/opt/cuda links there, with the two
+# things torch.utils.cpp_extension and the linker expect of a toolkit and the wheels lack: lib64
+# and the unversioned libcudart.so.
+FROM ${PYTHON_SLIM_IMAGE} AS cuda-from-pypi
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG CUDA_WHEELS_VERSION
+ARG CUOBJDUMP_VERSION
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    VIRTUAL_ENV=/opt/venv \
+    CUDA_HOME=/opt/cuda \
+    KDTREE_CUDA_TOOLKIT=${CUDA_WHEELS_VERSION} \
+    PATH=/opt/venv/bin:/opt/cuda/bin:${PATH}
+# Python's headers come with the official python image; Debian's python3 needs python3-dev.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential make git ca-certificates \
+    && if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+        apt-get install -y --no-install-recommends python3-dev; fi \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv "${VIRTUAL_ENV}"
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install "cuda-toolkit[nvcc,crt,cccl,cudart]==${CUDA_WHEELS_VERSION}" \
+        "nvidia-cuda-cuobjdump==${CUOBJDUMP_VERSION}" \
+    && wheels="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu${CUDA_WHEELS_VERSION%%.*}" \
+    && ln -s "${wheels}" "${CUDA_HOME}" \
+    && ln -s lib "${CUDA_HOME}/lib64" \
+    && ln -s "libcudart.so.${CUDA_WHEELS_VERSION%%.*}" "${CUDA_HOME}/lib/libcudart.so" \
+    && nvcc --version && cuobjdump --version
+
+# ---------------------------------------------------------------------------------------------
+# The one picked by CUDA_SOURCE. (podman 4's buildah resolves this name only from a --build-arg,
+# not from the default above: with podman, pass --build-arg CUDA_SOURCE=image|pypi.)
+# DL3006 is about images from a registry; this names a stage of this file.
+# hadolint ignore=DL3006
+FROM cuda-from-${CUDA_SOURCE} AS cuda-python
+
+# ---------------------------------------------------------------------------------------------
+# What serving needs: SGLang with its dependencies and its torch. pip's cache is a build cache
+# mount: it survives between builds on one machine and never lands in the image.
+FROM cuda-python AS serving
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG SGLANG_VERSION
+ARG TORCH_VERSION
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
+        "setuptools==80.9.0" "wheel==0.45.1"
+
+# ---------------------------------------------------------------------------------------------
 # The CUDA extension, compiled ahead of time for KDTREE_CUDA_ARCHS (";"-separated sm numbers) by
 # `make kernel` (torch.utils.cpp_extension into KDTREE_BUILD_DIR). No GPU is needed to compile.
-FROM cuda-python AS kernel-build
-ARG TORCH_VERSION
+# kdtree-verify is installed as a package (its wheel carries kdtree_verify/csrc), not as an
+# editable checkout: the extension is built from the installed sources, in the environment that
+# serves it, so the op's loader finds it up to date (same sources, headers and flags) and never
+# recompiles at run time.
+FROM serving AS kernel-build
 ARG KDTREE_CUDA_ARCHS="80;90;120"
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
     KDTREE_BUILD_DIR=/opt/kdtree/kernel-build \
-    KDTREE_BUILD_WITHOUT_GPU=1 \
-    VENV=/opt/venv \
-    MAX_JOBS=8
-RUN pip install "torch==${TORCH_VERSION}" "ninja==1.13.2" "setuptools==80.9.0" "wheel==0.45.1"
+    VENV=/opt/venv
 WORKDIR /opt/kdtree
 # The Makefile and the files its `setup` prerequisite names; this venv stands in for .venv.
 COPY Makefile pyproject.toml ./
@@ -66,27 +130,27 @@ COPY requirements/ requirements/
 COPY services/inference/pyproject.toml services/inference/pyproject.toml
 COPY services/parity/pyproject.toml services/parity/pyproject.toml
 COPY kernel/ kernel/
-RUN pip install --no-deps --no-build-isolation --editable ./kernel \
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps --no-build-isolation ./kernel \
     && touch "${VENV}/.setup-done" \
-    && make kernel
+    && KDTREE_BUILD_WITHOUT_GPU=1 MAX_JOBS=4 make kernel \
+    && rm -rf kernel
 
 # ---------------------------------------------------------------------------------------------
-FROM cuda-python AS inference
+# The runtime: kernel-build as it stands (the compiler stays: SGLang compiles kernels with nvcc on
+# first use on sm_90 and newer, docs/operations.md "What the inference image holds").
+FROM kernel-build AS inference
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
 ARG SGLANG_VERSION
 ARG TORCH_VERSION
 ARG KDTREE_CUDA_ARCHS="80;90;120"
-ARG CUDA_VERSION
-RUN pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2"
-# The op loads the compiled extension from KDTREE_BUILD_DIR through cpp_extension, which checks
-# it against the sources (kernel/csrc) and takes a lock there: same paths as in kernel-build, and
-# the build directory writable by the runtime user.
-ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
-    KDTREE_BUILD_DIR=/opt/kdtree/kernel-build
-COPY --from=kernel-build /opt/kdtree/kernel/ /opt/kdtree/kernel/
-COPY --from=kernel-build /opt/kdtree/kernel-build/ /opt/kdtree/kernel-build/
+ARG CUDA_SOURCE
 COPY services/inference/ /opt/kdtree/services/inference/
-RUN pip install --no-deps --editable /opt/kdtree/kernel \
-    && pip install /opt/kdtree/services/inference \
+# The op takes a lock in KDTREE_BUILD_DIR when it loads the extension: writable by the runtime user.
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
 # Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
@@ -99,7 +163,8 @@ LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION}
       org.opencontainers.image.source="${SOURCE_URL}" \
       io.kdtree.sglang.version="${SGLANG_VERSION}" \
       io.kdtree.torch.version="${TORCH_VERSION}" \
-      io.kdtree.cuda.version="${CUDA_VERSION}" \
+      io.kdtree.cuda.version="${KDTREE_CUDA_TOOLKIT}" \
+      io.kdtree.cuda.source="${CUDA_SOURCE}" \
       io.kdtree.cuda.archs="${KDTREE_CUDA_ARCHS}"
 USER 10001
 WORKDIR /home/kdtree

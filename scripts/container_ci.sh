@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Builds the parity and demo images and runs a command against a real Docker engine, on a machine
-# that has no Docker running and no public image registry (CI's, or a plain Debian host):
+# Builds the parity, demo and inference images and runs a command against a real Docker engine,
+# on a machine that has no Docker running and no public image registry (CI's, or a plain Debian
+# host):
 #
 #   scripts/container_ci.sh install         install the engine's Debian packages (root)
-#   scripts/container_ci.sh images          make the base image, build kdtree/parity and kdtree/demo
+#   scripts/container_ci.sh images          make the base image, build kdtree/parity, kdtree/demo
+#                                           and kdtree/inference (CUDA from pip's index)
 #   scripts/container_ci.sh run CMD [ARG..] the above, then dockerd and a local registry in a
-#                                           network namespace of their own (only `lo`), CMD inside
-#                                           that namespace with DOCKER_HOST set; everything it
+#                                           network namespace of their own (only `lo`), the
+#                                           inference image pushed there, CMD inside that
+#                                           namespace with DOCKER_HOST set; everything it
 #                                           started is stopped by pid when CMD ends, pass or fail
 #
 # podman builds (it can reach PyPI from the host's network; the Docker daemon's namespace cannot),
 # the images go to dockerd through `podman save | docker load`, and Compose v2 comes from PyPI.
 # The base image is made with mmdebstrap from Debian's packages and cached as a tarball in
-# KDTREE_CI_CACHE, so a rerun skips it. docs/operations.md ("The container tests") explains each
-# step and the sandbox quirks it works around.
+# KDTREE_CI_CACHE, so a rerun skips it; podman's layer cache makes a rebuild of an unchanged
+# checkout cheap. docs/operations.md ("The container tests") explains each step and the
+# sandbox quirks it works around.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,13 +82,17 @@ require_root() {
 # (crun and the systemd manager fail on hybrid cgroups without CAP_SYS_RESOURCE), ulimits within
 # the sandbox's hard limit, and events to a file (no journald).
 podman_settings() {
-  local nofile
+  local nofile nproc
   nofile=$(ulimit -Hn)
   [ "$nofile" = unlimited ] && nofile=1048576
+  # `podman run` (the inference image's tests) also sets nproc; runc may not raise it to the
+  # hard limit here, but 32768 (or the hard limit, if lower) it may.
+  nproc=$(ulimit -Hu)
+  { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
   mkdir -p "$CACHE"
   cat >"$CACHE/containers.conf" <<EOF
 [containers]
-default_ulimits = ["nofile=${nofile}:${nofile}"]
+default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=${nproc}:${nproc}"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
@@ -169,20 +177,58 @@ pip_settings() {
   PIP_ARGS+=(--build-arg "TORCH_INDEX_URL=$torch_index")
 }
 
+# The images CI builds, each from its Dockerfile target. The inference image takes CUDA from pip's
+# index (CUDA_SOURCE=pypi): no registry here serves nvidia/cuda.
+TARGETS=(parity demo inference)
+declare -A TARGET_ARGS=(
+  [inference]="--build-arg CUDA_SOURCE=pypi"
+)
+
 build_images() {
   podman_settings
+  check_build_space
   base_image
   pip_settings
-  local revision target
+  local revision target started
+  local -a extra
   revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-  for target in parity demo; do
+  for target in "${TARGETS[@]}"; do
     step "building kdtree/$target:latest (Dockerfile target $target, revision $revision)"
+    read -r -a extra <<<"${TARGET_ARGS[$target]:-}"
+    started=$(date +%s)
     # --format docker keeps HEALTHCHECK (OCI image configs have no such field).
     podman build --network host --pull=never --format docker --target "$target" \
       --build-arg "PYTHON_SLIM_IMAGE=$BASE_IMAGE" --build-arg "VCS_REF=$revision" \
-      "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
+      "${extra[@]}" "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
+    step "kdtree/$target:latest built in $(($(date +%s) - started)) s," \
+      "$(gigabytes "$(image_size "localhost/kdtree/$target:latest")") GB"
   done
   prune_superseded_images
+}
+
+image_size() { podman image inspect --format '{{.Size}}' "$1"; }
+
+# Room a build of each image needs in podman's storage, in GB: about twice the image's size
+# (buildah commits a step's changes as a copy before it drops the build container; inference:
+# 11.5 GB measured while SGLang installed, at least 15 GB more while it was committed). An
+# image already built needs none: a rebuild reuses its layers (docs/operations.md, "The
+# container tests", has the measurements).
+declare -A BUILD_GB=([parity]=1 [demo]=12 [inference]=30)
+check_build_space() {
+  local root free need=$((2 * 1000 ** 3)) target
+  local -a missing=()
+  root=$(podman info --format '{{.Store.GraphRoot}}')
+  mkdir -p "$root"
+  for target in "${TARGETS[@]}"; do
+    podman image exists "localhost/kdtree/$target:latest" && continue
+    missing+=("$target")
+    need=$((need + ${BUILD_GB[$target]} * 1000 ** 3))
+  done
+  free=$(df --output=avail -B1 "$root" | tail -n 1)
+  [ "$free" -ge "$need" ] ||
+    die "$root (podman's storage) has $(gigabytes "$free") GB free and building" \
+      "${missing[*]} needs about $(gigabytes "$need") GB (twice each image's size, and 2 GB):" \
+      "free some space"
 }
 
 # Each build moves the tag and leaves the previous image untagged; ours (by their title label)
@@ -199,20 +245,26 @@ prune_superseded_images() {
   podman rmi --force "${stale[@]}" >/dev/null
 }
 
-# The daemon's copy needs about twice the images' size while `docker load` runs (the archive,
-# then its layers), and the registry's pushes come on top: checked before anything starts, so a
-# full disk is named up front instead of surfacing as a failed load minutes in.
+# The daemon's copy needs about twice the loaded images' size while `docker load` runs (the
+# archive, then its layers), and the registry keeps the inference image's compressed layers
+# (PUSH_SHARE percent of its size: an estimate for gzip of mostly CUDA libraries, not yet
+# measured) besides 2 GiB for the other tests' pushes: checked
+# before anything starts, so a full disk is named up front instead of surfacing as a failed load
+# or push minutes in.
+PUSH_SHARE=45
 check_disk_space() {
-  local dir=$1 target images=0 need free
-  for target in parity demo; do
-    images=$((images + $(podman image inspect --format '{{.Size}}' "localhost/kdtree/$target:latest")))
+  local dir=$1 target images=0 pushed need free
+  for target in "${LOADED[@]}"; do
+    images=$((images + $(image_size "localhost/kdtree/$target:latest")))
   done
-  need=$((2 * images + 2 * 1024 ** 3))
+  pushed=$(($(image_size localhost/kdtree/inference:latest) * PUSH_SHARE / 100))
+  need=$((2 * images + pushed + 2 * 1024 ** 3))
   mkdir -p "$dir"
   free=$(df --output=avail -B1 "$dir" | tail -n 1)
   [ "$free" -ge "$need" ] ||
     die "$dir has $(gigabytes "$free") GB free and the run needs about $(gigabytes "$need") GB" \
-      "(twice the images' $(gigabytes "$images") GB, and 2 GiB for the registry's pushes):" \
+      "(twice the images' $(gigabytes "$images") GB that dockerd loads, $(gigabytes "$pushed") GB" \
+      "for the inference image in the registry and 2 GiB for the other pushes):" \
       "free some space, or point KDTREE_CI_STATE at a bigger disk"
 }
 
@@ -380,9 +432,13 @@ EOF
   export KDTREE_CI_REGISTRY=$REGISTRY_ADDR
 }
 
+# parity and demo go to dockerd through `podman save | docker load`. The inference image stays in
+# podman's storage (a copy in dockerd would need its size again, ~12 GB): podman pushes it to
+# the local registry, and tests/containers/test_inference_image.py runs it with podman.
+LOADED=(parity demo)
 load_images() {
   local target
-  for target in parity demo; do
+  for target in "${LOADED[@]}"; do
     step "loading kdtree/$target:latest into dockerd"
     podman save --format docker-archive "localhost/kdtree/$target:latest" | docker load --quiet
     docker tag "localhost/kdtree/$target:latest" "kdtree/$target:latest"
@@ -390,8 +446,39 @@ load_images() {
   done
 }
 
+# What the registry answered is recorded in RECORD_DIR/inference-image.json (the ref, the repo
+# digest, the image id, its size, how long the push took); tests/containers/test_inference_image.py
+# checks the record against the registry.
+RECORD_DIR=${KDTREE_CI_RECORD_DIR:-runs/ci}
+push_inference_image() {
+  local revision ref digest started record
+  revision=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  ref=$REGISTRY_ADDR/kdtree/inference:$revision
+  step "pushing kdtree/inference:latest to the local registry as $ref"
+  started=$(date +%s)
+  # podman in the daemon's namespace: the registry listens on its loopback only.
+  in_netns podman push --quiet --tls-verify=false --format v2s2 \
+    --digestfile "$STATE/inference.digest" localhost/kdtree/inference:latest "docker://$ref"
+  digest=$(cat "$STATE/inference.digest")
+  mkdir -p "$RECORD_DIR"
+  record=$(realpath "$RECORD_DIR")/inference-image.json
+  python3 - "$record" "$ref" "$REGISTRY_ADDR/kdtree/inference@$digest" \
+    "sha256:$(podman image inspect --format '{{.Id}}' localhost/kdtree/inference:latest)" \
+    "$(image_size localhost/kdtree/inference:latest)" "$(($(date +%s) - started))" <<'EOF'
+import json, sys, time
+path, ref, digest, image_id, size, seconds = sys.argv[1:]
+record = {"ref": ref, "repo_digest": digest, "image_id": image_id, "size_bytes": int(size),
+          "push_seconds": int(seconds), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+with open(path, "w") as f:
+    json.dump(record, f, indent=2)
+    f.write("\n")
+EOF
+  step "pushed $digest in $(($(date +%s) - started)) s (recorded in $record)"
+  export KDTREE_CI_INFERENCE_RECORD=$record
+}
+
 # ---------------------------------------------------------------------------- main
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 
 case ${1:-} in
   install)
@@ -411,6 +498,7 @@ case ${1:-} in
     build_images
     start_daemons
     load_images
+    push_inference_image
     step "running in $NETNS: $*"
     # The container tests fail, not skip, if anything they need is missing in here.
     export KDTREE_CONTAINER_CI=1

@@ -2,8 +2,9 @@
 
 Nothing here is a stand-in. ``scripts/container_ci.sh run CMD`` provides the engine (CI runs the
 suite that way through .ci/run): dockerd reachable through DOCKER_HOST, the compose plugin in
-DOCKER_CONFIG, a local registry at KDTREE_CI_REGISTRY, and kdtree/parity:latest and
-kdtree/demo:latest built from this checkout's Dockerfile. Everything runs inside the script's
+DOCKER_CONFIG, a local registry at KDTREE_CI_REGISTRY, kdtree/parity:latest and kdtree/demo:latest
+built from this checkout's Dockerfile and loaded there, and localhost/kdtree/inference:latest in
+podman's storage (built there, pushed to the registry, run with podman). Everything runs inside the script's
 network namespace, which has only loopback.
 
 Without an engine these tests are skipped with the reason; under CI=true a missing engine fails
@@ -20,7 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from container_support import IMAGES, UNPRIVILEGED_ID, Invoker, docker, missing, run
+from container_support import (
+    IMAGES,
+    INFERENCE_IMAGE,
+    UNPRIVILEGED_ID,
+    Invoker,
+    docker,
+    missing,
+    podman,
+    run,
+)
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +54,16 @@ def engine(compose_cli: None) -> None:
     absent = [ref for ref in IMAGES if docker("image", "inspect", ref, check=False).returncode]
     if absent:
         missing(f"the images {', '.join(absent)} are not built")
+
+
+@pytest.fixture(scope="session")
+def inference_image() -> str:
+    """The inference image in podman's storage."""
+    if shutil.which("podman") is None:
+        missing("no podman on PATH")
+    if podman("image", "exists", INFERENCE_IMAGE, check=False).returncode:
+        missing(f"the image {INFERENCE_IMAGE} is not built (scripts/container_ci.sh images)")
+    return INFERENCE_IMAGE
 
 
 @pytest.fixture(scope="session")

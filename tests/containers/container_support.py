@@ -16,6 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 IMAGES = ("kdtree/parity:latest", "kdtree/demo:latest")
+# The inference image stays in podman's storage, where scripts/container_ci.sh built it (a copy in
+# dockerd would need its ~12 GB again); podman runs it.
+INFERENCE_IMAGE = "localhost/kdtree/inference:latest"
 HOW = "run the suite through scripts/container_ci.sh run make test (root; see docs/operations.md)"
 # A uid that no image uses (the images run as 10001), standing for the invoking user when the
 # tests run as root: a report owned by it can only have been written as the invoking user.
@@ -63,9 +66,13 @@ def docker(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
     return run("docker", *args, **kwargs)
 
 
-def inspect(ref: str, template: str) -> Any:
+def podman(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
+    return run("podman", *args, **kwargs)
+
+
+def inspect(ref: str, template: str, engine: str = "docker") -> Any:
     return json.loads(
-        docker("image", "inspect", "--format", f"{{{{json {template}}}}}", ref).stdout
+        run(engine, "image", "inspect", "--format", f"{{{{json {template}}}}}", ref).stdout
     )
 
 

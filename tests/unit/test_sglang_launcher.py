@@ -83,6 +83,16 @@ def test_kernel_modes_refuse_without_a_usable_kernel(standin, mode):
     assert not record.exists(), "nothing may be launched after a refusal"
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_reaches_sglang_in_kernel_modes_without_a_kernel(standin, flag):
+    """Help starts no server: it is passed on even where `on` would refuse (no GPU here)."""
+    record, launcher = standin
+    result = serve([flag], launcher, KDTREE_VERIFY="on")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(record.read_text()) == [flag]
+    assert "refusing" not in result.stderr
+
+
 def test_other_attention_backends_are_refused(standin):
     record, launcher = standin
     result = serve(["--attention-backend=flashinfer"], launcher, KDTREE_VERIFY="on")

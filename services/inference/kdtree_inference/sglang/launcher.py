@@ -12,6 +12,10 @@ launcher prints the active KDTREE_VERIFY mode and, when the mode needs the kerne
 - the CUDA kernel is missing or does not run on this GPU (checked with a real call; see
   ``extension``).
 
+``--help`` (``-h``) skips those checks: SGLang prints its arguments and starts nothing.
+``kdtree-serve kdtree-selfcheck [ARGS]`` runs ``kdtree-selfcheck [ARGS]`` instead (the image's
+entrypoint is kdtree-serve, so ``docker run IMAGE kdtree-selfcheck`` works as typed).
+
 The process then becomes SGLang (``exec``), so signals and the exit status are SGLang's own.
 """
 
@@ -30,6 +34,8 @@ PLUGIN_NAME = "kdtree_verify"
 LAUNCHER_ENV = "KDTREE_SGLANG_LAUNCHER"
 BACKEND_FLAGS = ("--attention-backend", "--decode-attention-backend")
 REFUSED = 2
+SELFCHECK = "kdtree-selfcheck"
+HELP_FLAGS = frozenset({"-h", "--help"})
 
 
 def _say(message: str) -> None:
@@ -105,6 +111,11 @@ def preflight(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [SELFCHECK]:
+        # The image's entrypoint is kdtree-serve: `docker run IMAGE kdtree-selfcheck ...` lands here.
+        from ..selfcheck import main as selfcheck
+
+        return selfcheck(args[1:])
     env = os.environ
     try:
         settings = VerifySettings.from_env(env)
@@ -114,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(f"mode: {settings.describe()}")
     if settings.mode is not VerifyMode.OFF and not flag_values(args, "--attention-backend"):
         _say("note: pass --attention-backend triton so SGLang picks the backend kdtree replaces")
-    problems = preflight(settings, args, env)
+    # Help starts nothing, so it needs no kernel: SGLang prints its arguments in every mode.
+    problems = [] if HELP_FLAGS & set(args) else preflight(settings, args, env)
     if problems:
         for problem in problems:
             _say(f"refusing to start with KDTREE_VERIFY={settings.mode.value}: {problem}")
