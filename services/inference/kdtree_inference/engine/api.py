@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .protocol import CompletionRequestModel, RequestError, build_requests
 from .scheduler import (
@@ -168,13 +169,7 @@ class EngineAPI:
     def _routes(self) -> None:
         app, engine = self.app, self.engine
 
-        @app.middleware("http")
-        async def count_generation_requests(request: Request, call_next: Any) -> Response:
-            # Every answer of a generation endpoint is counted by its HTTP status, refusals too.
-            response = await call_next(request)
-            if request.url.path in GENERATION_PATHS:
-                self.metrics.requests.labels(engine.config.attention, response.status_code).inc()
-            return response
+        app.add_middleware(_CountGenerationRequests, api=self)
 
         @app.get("/health")
         @app.get("/health_generate")
@@ -416,6 +411,31 @@ class EngineAPI:
                     self.abort([req])
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _CountGenerationRequests:
+    """Every answer of a generation endpoint is counted by its HTTP status, refusals too.
+
+    Plain ASGI rather than ``@app.middleware("http")``: that wrapper stands between the handler
+    and the server's ``receive``, and a handler polling ``request.is_disconnected()`` through it
+    never sees its client go away."""
+
+    def __init__(self, app: ASGIApp, api: EngineAPI) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                api = self.api
+                api.metrics.requests.labels(api.engine.config.attention, message["status"]).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 class _Segments:
