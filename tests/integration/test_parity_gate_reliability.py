@@ -300,7 +300,8 @@ def test_resume_refuses_other_weights_after_the_sidecar_was_killed(
         refused = run_cli("run", "--resume", record.id, "--db", db, "--no-progress",
                           "--candidate-image", "kdtree/inference:latest")  # fmt: skip
         assert refused.returncode == 2, refused.stdout + refused.stderr
-        (line,) = refused.stderr.strip().splitlines()
+        resuming, line = refused.stderr.strip().splitlines()  # the refusal is one line
+        assert resuming.startswith(f"resuming run {record.id}: ")
         digest_a = hashlib.sha256((a / "model.safetensors").read_bytes()).hexdigest()
         digest_b = hashlib.sha256((b / "model.safetensors").read_bytes()).hexdigest()
         assert line.startswith(f"resume refused: run {record.id}")
