@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import sqlite3
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -384,6 +385,8 @@ async def _heartbeat(
             if owner is not None:
                 owner.cancel()
             return
+        except sqlite3.Error as exc:  # e.g. locked for longer than the busy timeout: next time
+            log.warning("run %s: could not renew its lease: %s", run_id, exc)
 
 
 def _log_lost(run_id: str) -> None:
