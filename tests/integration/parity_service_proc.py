@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -14,15 +15,17 @@ from kdtree_inference.engine.launch import free_port, stop_process
 
 
 class ParityService:
-    """Start with ``env`` (KDTREE_PARITY_* settings); ``wait`` until /health answers 200."""
+    """Start with ``env`` (KDTREE_PARITY_* settings); ``wait`` until /health answers 200.
+    ``prefix`` runs it under another command (e.g. ``unshare --pid``: a container's pids)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, prefix: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         with log_path.open("wb") as log:
+            command = [sys.executable, "-m", "kdtree_parity.cli", "serve", "--port", str(self.port)]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kdtree_parity.cli", "serve", "--port", str(self.port)],
+                [*prefix, *command],
                 env={**os.environ, **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,

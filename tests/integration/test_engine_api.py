@@ -14,8 +14,8 @@ meta_info = {id, finish_reason, prompt_tokens, weight_version, num_retractions}
 
 from __future__ import annotations
 
-import itertools
 import json
+import time
 
 import httpx
 import pytest
@@ -260,23 +260,41 @@ def test_requests_total_counts_every_answer_by_status(client: httpx.Client) -> N
     assert (count(200) - ok_before, count(400) - bad_before) == (1.0, 2.0)
 
 
-def test_stream_is_cumulative_sse(client: httpx.Client) -> None:
-    chunks = []
-    with client.stream("POST", "/generate", json={"text": "stream me", "stream": True,
-                                                  "sampling_params": GREEDY}) as resp:  # fmt: skip
+def stream_events(client: httpx.Client, body: dict) -> tuple[list[dict], int]:
+    """The JSON events of one SSE /generate (after checking it ends with [DONE]) and its size."""
+    chunks, size = [], 0
+    with client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
         assert resp.status_code == 200
         for line in resp.iter_lines():
+            size += len(line) + 1
             if line.startswith("data: "):
                 chunks.append(line[len("data: ") :])
     assert chunks[-1] == "[DONE]"
-    events = [json.loads(c) for c in chunks[:-1]]
+    return [json.loads(c) for c in chunks[:-1]], size
+
+
+def test_stream_sends_increments_like_sglangs_incremental_streaming_output(
+    client: httpx.Client,
+) -> None:
+    body = {"text": "stream me", "sampling_params": {**GREEDY, "max_new_tokens": 64},
+            "return_logprob": True, "top_logprobs_num": 50, "return_text_in_logprobs": True}  # fmt: skip
+    events, size = stream_events(client, body)
+    plain = _generate(client, **body)
+    whole = plain.json()
     assert len(events) >= 2
-    final = events[-1]
-    assert final["meta_info"]["finish_reason"] == FINISH_LENGTH(16).to_json()
-    plain = _generate(client, text="stream me", sampling_params=GREEDY).json()
-    assert final["output_ids"] == plain["output_ids"]
-    for earlier, later in itertools.pairwise(events):
-        assert later["output_ids"][: len(earlier["output_ids"])] == earlier["output_ids"]
+    final = events[-1]["meta_info"]
+    assert final["finish_reason"] == FINISH_LENGTH(64).to_json()
+    assert final["completion_tokens"] == final["output_token_logprobs_length"] == 64
+    # Each event carries only its own tokens, text and output logprobs (SGLang slices the same
+    # keys, tokenizer_manager._slice_streaming_output_meta_info); together they are the output.
+    assert [t for e in events for t in e["output_ids"]] == whole["output_ids"]
+    assert "".join(e["text"] for e in events) == whole["text"]
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        assert [x for e in events for x in e["meta_info"][key]] == whole["meta_info"][key]
+    for e in events:
+        assert len(e["meta_info"]["output_token_logprobs"]) == len(e["output_ids"])
+    # So the stream costs about what the answer costs, not that times the number of events.
+    assert size < 1.5 * len(plain.content), (size, len(plain.content), len(events))
 
 
 def test_model_info_fields(client: httpx.Client) -> None:
@@ -343,3 +361,40 @@ def test_concurrent_requests_match_sequential_ones(client: httpx.Client, url: st
     with ThreadPoolExecutor(max_workers=6) as pool:
         concurrent = list(pool.map(one, texts))
     assert concurrent == sequential
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_requests_whose_client_went_away_are_aborted(reference_server) -> None:
+    """SGLang aborts a request on disconnect; so does the engine, streaming or not: abandoned
+    1024-token generations stop at once instead of keeping the engine busy."""
+    url = reference_server(attention="reference", device="cpu")
+    long = {"temperature": 0, "max_new_tokens": 1024, "ignore_eos": True}
+    for i in range(3):  # streams: read the first event, then hang up
+        with httpx.Client(base_url=url, timeout=60) as c, c.stream(
+            "POST", "/generate", json={"text": f"abandon {i}", "stream": True,
+                                       "sampling_params": long},
+        ) as resp:  # fmt: skip
+            next(line for line in resp.iter_lines() if line.startswith("data: "))
+    for i in range(3):  # plain requests: the client gives up after half a second
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/generate", json={"text": f"give up {i}", "sampling_params": long},
+                       timeout=httpx.Timeout(60, read=0.5))  # fmt: skip
+    deadline = time.monotonic() + 10
+    while metric(url, "kdtree_engine_aborted_requests_total") < 6:
+        assert time.monotonic() < deadline, httpx.get(url + "/metrics").text
+        time.sleep(0.2)
+    while metric(url, "kdtree_engine_running_requests") > 0:
+        assert time.monotonic() < deadline, "aborted requests are still being decoded"
+        time.sleep(0.2)
+    assert metric(url, "kdtree_engine_generation_tokens_total") == 0  # none ran to the end
+    started = time.monotonic()
+    normal = httpx.post(url + "/generate", timeout=60,
+                        json={"text": "next", "sampling_params": {**long, "max_new_tokens": 8}})  # fmt: skip
+    assert normal.status_code == 200 and len(normal.json()["output_ids"]) == 8
+    assert time.monotonic() - started < 10

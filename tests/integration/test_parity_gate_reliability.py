@@ -10,9 +10,14 @@ verdict goes to stdout, progress to stderr; bad arguments fail at once with one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +25,8 @@ import pytest
 from parity_proxy import ForwardingProxy
 from parity_support import listener_pid, only_report, run_cli, write_inputs
 
+from kdtree_inference.engine.config import ModelConfig
+from kdtree_inference.engine.model import save_weights, seeded_weights
 from kdtree_parity.corpus import load_corpus, parse_corpus
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.runner import Targets, execute_run, start_run
@@ -242,3 +249,111 @@ def test_bad_arguments_fail_at_once_with_one_line(pair: tuple[str, str], tmp_pat
     assert done.stderr.strip() == (
         "--candidate: 'not-a-url' is not an http:// or https:// URL with a host"
     )
+
+
+def test_resume_refuses_other_weights_after_the_sidecar_was_killed(
+    pair: tuple[str, str], reference_server, tmp_path: Path
+) -> None:
+    """The candidate is restarted from another weights file while the sidecar is down: same
+    address, same shape, same flags; only /model_info's weights digest tells them apart."""
+    baseline, _ = pair
+    a, b = tmp_path / "weights-a", tmp_path / "weights-b"
+    save_weights(seeded_weights(ModelConfig(seed=11)), a)
+    save_weights(seeded_weights(ModelConfig(seed=12)), b)
+    first = reference_server(weights_dir=a)
+    corpus, policy = write_inputs(tmp_path, PROMPTS)
+    out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
+    sidecar: list[subprocess.Popen] = []
+
+    def kill_the_sidecar_at_the_fifth_request(n: int) -> None:
+        if n != 5:
+            return
+        # Hold this request (the proxy's loop) until two prompts are stored, then kill.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.closing(sqlite3.connect(db)) as raw:
+                if raw.execute("SELECT count(*) FROM results").fetchone()[0] >= 2:
+                    break
+            time.sleep(0.1)
+        os.kill(sidecar[0].pid, signal.SIGKILL)
+
+    proxy = ForwardingProxy(first, on_generate=kill_the_sidecar_at_the_fifth_request)
+    try:
+        sidecar.append(subprocess.Popen(
+            [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
+             "--candidate", proxy.url, "--corpus", str(corpus), "--policy", str(policy),
+             "--out", str(out), "--db", str(db), "--no-progress",
+             "--candidate-image", "kdtree/inference:latest"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        ))  # fmt: skip
+        sidecar[0].communicate(timeout=300)
+        assert sidecar[0].returncode == -signal.SIGKILL
+        store = Store(db)
+        (record,) = store.list_runs()
+        assert record.status == "interrupted" and 0 < record.prompts_ok < PROMPTS
+        recorded = record.targets["candidate"][1]["model_info"]["kdtree_engine"]
+        assert recorded["weights_path"] == str((a / "model.safetensors").resolve())
+        assert recorded["seed"] is None  # loaded from a file: no seed to speak of
+        store.close()
+
+        proxy.upstream = reference_server(weights_dir=b)
+        refused = run_cli("run", "--resume", record.id, "--db", db, "--no-progress",
+                          "--candidate-image", "kdtree/inference:latest")  # fmt: skip
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        resuming, line = refused.stderr.strip().splitlines()  # the refusal is one line
+        assert resuming.startswith(f"resuming run {record.id}: ")
+        digest_a = hashlib.sha256((a / "model.safetensors").read_bytes()).hexdigest()
+        digest_b = hashlib.sha256((b / "model.safetensors").read_bytes()).hexdigest()
+        assert line.startswith(f"resume refused: run {record.id}")
+        assert (
+            f"candidate: /model_info kdtree_engine.weights_path: '{(a / 'model.safetensors').resolve()}'"
+            in line
+        )
+        assert f"kdtree_engine.weights_sha256: '{digest_a}' -> '{digest_b}'" in line
+
+        # The image label given when the run started must be given again, and be the same.
+        unlabelled = run_cli("run", "--resume", record.id, "--db", db, "--no-progress")
+        assert unlabelled.returncode == 2
+        assert "image 'kdtree/inference:latest' -> (not given on the resume)" in unlabelled.stderr
+        store = Store(db)
+        record_after = store.get_run(record.id)
+        assert record_after.prompts_ok == record.prompts_ok and not record_after.identity_changes
+        store.close()
+    finally:
+        proxy.close()
+
+
+def test_resume_refuses_a_target_whose_build_cannot_be_verified(
+    pair: tuple[str, str], tmp_path: Path
+) -> None:
+    """Like SGLang, this candidate's /model_info carries no weights digest (here: none at all)
+    and the run recorded no image digest: a resume cannot show it is the same build."""
+    baseline, candidate = pair
+    proxy = ForwardingProxy(
+        candidate, respond=lambda path, body: 404 if path == "/model_info" else None
+    )
+    try:
+        corpus_path, policy_path = write_inputs(tmp_path, 3)
+        store = Store(tmp_path / "runs.sqlite3")
+        run_id = start_run(
+            store,
+            parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
+            parse_policy(policy_path.read_text(), str(policy_path)),
+            Targets(baseline, proxy.url),
+            out_dir=str(tmp_path / "out"),
+        )
+        assert asyncio.run(execute_run(store, run_id)).status == "passed"
+        raw = sqlite3.connect(tmp_path / "runs.sqlite3")
+        with raw:  # a passed run is final; as an errored one it may be resumed
+            raw.execute("UPDATE runs SET status='error' WHERE id=?", (run_id,))
+        raw.close()
+        store.close()
+        refused = run_cli("run", "--resume", run_id, "--db", tmp_path / "runs.sqlite3",
+                          "--no-progress")  # fmt: skip
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert (
+            "(candidate: cannot be verified: its /model_info has no weights digest"
+            in refused.stderr
+        )
+    finally:
+        proxy.close()

@@ -3,6 +3,9 @@ sampling, configuration, and the engine's bookkeeping (no leaked KV slots, limit
 
 from __future__ import annotations
 
+import hashlib
+import time
+
 import pytest
 import torch
 
@@ -16,10 +19,22 @@ from kdtree_inference.engine.corpus import prompts
 from kdtree_inference.engine.drafter import NgramIndex, NgramTreeDrafter
 from kdtree_inference.engine.kv_pool import MLAKVPool, PoolExhaustedError
 from kdtree_inference.engine.margins import greedy_margins, summarize
-from kdtree_inference.engine.model import load_weights, save_weights, seeded_weights
+from kdtree_inference.engine.model import (
+    load_weights,
+    load_weights_with_digest,
+    save_weights,
+    seeded_digest,
+    seeded_weights,
+)
 from kdtree_inference.engine.protocol import RequestError, build_requests
 from kdtree_inference.engine.sampling import sample_token
-from kdtree_inference.engine.scheduler import Engine, EngineStepError, GenerationRequest
+from kdtree_inference.engine.scheduler import (
+    Engine,
+    EngineStepError,
+    GenerationRequest,
+    RequestAborted,
+)
+from kdtree_inference.engine.server import build_parser, config_from_args
 from kdtree_inference.engine.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 
 
@@ -222,3 +237,48 @@ def test_a_failing_forward_fails_its_requests_and_the_engine_recovers() -> None:
         assert len(ok.output_ids) == 4
     finally:
         eng.stop()
+
+
+def test_weights_identity_names_the_file_and_its_digest(tmp_path) -> None:
+    cfg = ModelConfig(num_layers=1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    save_weights(seeded_weights(ModelConfig(num_layers=1, seed=1)), a)
+    save_weights(seeded_weights(ModelConfig(num_layers=1, seed=2)), b)
+    _, ident_a = load_weights_with_digest(cfg, a)
+    _, ident_b = load_weights_with_digest(cfg, b)
+    assert ident_a["path"] == str((a / "model.safetensors").resolve())
+    assert ident_a["sha256"] == hashlib.sha256((a / "model.safetensors").read_bytes()).hexdigest()
+    assert ident_a["sha256"] != ident_b["sha256"]
+    assert seeded_digest(cfg) == seeded_digest(ModelConfig(num_layers=1))
+    assert seeded_digest(cfg) != seeded_digest(ModelConfig(num_layers=1, seed=1))
+
+
+def test_fault_layer_and_fault_scale_go_together() -> None:
+    parser = build_parser()
+    for argv in (["--fault-layer", "1"], ["--fault-scale", "1.5"]):
+        with pytest.raises(ValueError, match="go together"):
+            config_from_args(parser.parse_args(argv))
+    config = config_from_args(parser.parse_args(["--fault-layer", "1", "--fault-scale", "1.5"]))
+    assert (config.fault_layer, config.fault_scale) == (1, 1.5)
+
+
+def test_an_aborted_request_stops_and_gives_its_slots_back(engine: Engine) -> None:
+    free_before = engine.pool.num_free
+    steps: list[int] = []
+    req = GenerationRequest(rid="gone", input_ids=[BOS_ID, 72], max_new_tokens=1000,
+                            ignore_eos=True, on_progress=lambda res: steps.append(len(res.output_ids)))  # fmt: skip
+    future = engine.submit(req)
+    deadline = time.monotonic() + 60
+    while not steps:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    aborted_before = engine.num_aborted
+    engine.abort(req)
+    with pytest.raises(RequestAborted, match="aborted after"):
+        future.result(timeout=30)
+    assert max(steps) < 1000 and engine.num_aborted == aborted_before + 1
+    waiting = GenerationRequest(rid="never", input_ids=[BOS_ID, 65], max_new_tokens=5)
+    waiting.aborted = True  # aborted before the worker admitted it
+    with pytest.raises(RequestAborted):
+        engine.submit(waiting).result(timeout=30)
+    assert engine.pool.num_free == free_before

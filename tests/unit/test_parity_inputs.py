@@ -54,6 +54,26 @@ def test_corpus_rejects_empty_and_non_utf8() -> None:
         parse_corpus(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "\xff"}\n')
 
 
+def test_corpus_refuses_deep_nesting_and_lone_surrogates() -> None:
+    deep = b'{"id": "d", "text": "x", "tags": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    with pytest.raises(CorpusError, match=":2: invalid JSON: nested too deeply"):
+        parse_corpus(b'{"id": "a", "text": "x"}\n' + deep)
+    # JSON may escape a lone surrogate; such a string has no UTF-8 form, so no target gets it.
+    with pytest.raises(CorpusError, match=r":1: 'text' is not valid Unicode: lone surrogate"):
+        parse_corpus(b'{"id": "a", "text": "ab\\ud800"}\n')
+    with pytest.raises(CorpusError, match=r"'tags' is not valid Unicode"):
+        parse_corpus(b'{"id": "a", "text": "x", "tags": ["\\udfff"]}\n')
+    paired = parse_corpus(b'{"id": "a", "text": "\\ud83d\\ude00"}\n')  # a real pair: fine
+    assert paired.entries[0].text == "\U0001f600"
+
+
+def test_policy_file_that_is_not_utf8_is_a_policy_error(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"gate:\n  min_prompts: 1 # caf\xe9\n")
+    with pytest.raises(PolicyError, match=r"p.yaml:2: not valid UTF-8"):
+        load_policy(path)
+
+
 def test_corpus_keeps_entries_and_hash(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     raw = b'{"id": "a", "text": "x", "tags": ["t"], "max_new_tokens": 4}\n{"id": "b", "input_ids": [1, 2]}\n'
@@ -211,6 +231,43 @@ def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> 
     done = run_cli("run", "--corpus", "short", "--policy", "default", "--db", str(tmp_path / "db"))
     assert done.returncode == 2 and "default.yaml needs 200" in done.stderr
     assert "no run" in run_cli("report", "nope", "--db", str(tmp_path / "db")).stderr
+
+
+def test_cli_refuses_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.jsonl"
+    deep.write_bytes(b'{"id": "a", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"# caf\xe9\n")
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_bytes(b'{"id": "a", "text": "\\ud800"}\n')
+    db = tmp_path / "db.sqlite3"
+    for args, message in [
+        (("--corpus", deep, "--policy", "short"), "invalid JSON: nested too deeply"),
+        (("--corpus", "short", "--policy", latin), "not valid UTF-8"),
+        (("--corpus", surrogate, "--policy", "short"), "lone surrogate"),
+    ]:
+        done = run_cli("run", *map(str, args), "--db", str(db))
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and "Traceback" not in done.stderr
+    # A resume is the stored run: targets, corpus, policy or out dir beside it are refused.
+    done = run_cli("run", "--resume", "r1", "--candidate", "http://127.0.0.1:9",
+                   "--policy", "short", "--db", str(db))  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "cannot resume r1 with --candidate, --policy: a resume replays the stored run's "
+        "targets, corpus, policy and out dir; start a new run to change them"
+    )
+    # Read-only commands create nothing: a typo is not a new, empty database.
+    for command in (("list",), ("report", "r1")):
+        done = run_cli(*command, "--db", str(tmp_path / "typo" / "x.sqlite3"))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+        assert "no run database at" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "typo").exists()
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_text("a text file, not a database\n" * 50)
+    done = run_cli("list", "--db", str(junk))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == f"cannot read the run database {junk}: file is not a database"
 
 
 def test_cli_prints_the_report_schema() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from kdtree_parity.corpus import load_corpus
 from kdtree_parity.runner import Targets
 from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app, load_pairs
 
@@ -109,3 +110,34 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path) -> None:
     pairs.write_text("gpu0:\n  baseline: http://a:1\n")
     with pytest.raises(ValueError, match="needs 'baseline' and 'candidate'"):
         load_pairs(pairs)
+
+
+def test_large_bodies_are_413_and_errors_never_echo_much(client: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    huge = "p" * (20 << 20)
+    resp = client.post("/runs", json={"pair": huge}, headers=auth)
+    assert resp.status_code == 413 and len(resp.content) < 200
+    chunked = client.post("/runs", content=iter([b'{"pair": "', b"x" * (2 << 20), b'"}']),
+                          headers=auth)  # fmt: skip
+    assert chunked.status_code == 413, chunked.text[:200]
+    resp = client.post("/runs", json={"pair": "q" * 10_000}, headers=auth)
+    assert resp.status_code == 404 and len(resp.content) < 300
+    resp = client.get("/runs/" + "r" * 5000)
+    assert resp.status_code == 404 and len(resp.content) < 300
+    assert client.get("/runs").json() == []
+
+
+def test_a_configured_corpus_edited_after_start_is_refused_with_409(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(load_corpus("short").raw)
+    config = ServiceSettings(**{**settings(tmp_path).__dict__, "corpus": str(corpus)})
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(config)) as c:
+        corpus.write_bytes(load_corpus("short").raw + b'{"id": "new", "text": "added"}\n')
+        resp = c.post("/runs", json={}, headers=auth)
+        assert resp.status_code == 409
+        assert "changed since the service started" in resp.json()["detail"]
+        corpus.write_text('{"id": broken\n')
+        resp = c.post("/runs", json={}, headers=auth)
+        assert resp.status_code == 409 and "no longer loads" in resp.json()["detail"]
+        assert c.get("/runs").json() == []

@@ -27,7 +27,7 @@ from kdtree_parity.report import (
 )
 from kdtree_parity.report.schema import Report
 from kdtree_parity.runner import Targets, execute_run, start_run, verdict_to_json
-from kdtree_parity.store import STALE_AFTER_S, Store
+from kdtree_parity.store import LeaseLost, PairBusy, Store, StoreError
 
 POLICY_TEXT = "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n"
 
@@ -182,17 +182,90 @@ def test_a_run_from_another_host_without_heartbeat_reads_as_interrupted(tmp_path
     store = Store(db)
     fresh, stale = new_run(store, ["a"]), new_run(store, ["a"])
     raw = sqlite3.connect(db)
-    with raw:  # as if two containers (other hostnames) own them; one stopped its heartbeat
-        raw.execute("UPDATE runs SET owner_host='container-1', updated_at=? WHERE id=?",
-                    (time.time(), fresh))  # fmt: skip
-        raw.execute("UPDATE runs SET owner_host='container-2', updated_at=? WHERE id=?",
-                    (time.time() - STALE_AFTER_S - 5, stale))  # fmt: skip
+    with raw:  # as if two containers (other hosts, pid namespaces) own them; one went silent
+        raw.execute("UPDATE runs SET owner_host='container-1', owner_ns='elsewhere',"
+                    " owner_id='other', lease_expires_at=? WHERE id=?",
+                    (time.time() + 30, fresh))  # fmt: skip
+        raw.execute("UPDATE runs SET owner_host='container-2', owner_ns='elsewhere',"
+                    " owner_id='other', lease_expires_at=? WHERE id=?",
+                    (time.time() - 5, stale))  # fmt: skip
     raw.close()
     assert store.get_run(fresh).status == "running"
+    with pytest.raises(ValueError, match="still running"):
+        store.claim_for_resume(fresh)  # its owner's lease holds: not ours to take
     record = store.get_run(stale)
-    assert record.status == "interrupted" and "no heartbeat from container-2" in record.error
-    store.heartbeat(fresh)
-    assert store.get_run(fresh).status == "running"
+    assert record.status == "interrupted"
+    assert "the lease of container-2" in record.error and "expired" in record.error
+    with pytest.raises(LeaseLost):
+        store.heartbeat(fresh)  # another process's run: this one cannot renew it
+
+
+def test_a_pair_runs_once_across_stores_and_a_lost_lease_stops_writes(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite3"
+    first, second = Store(db), Store(db)
+    corpus = parse_corpus(corpus_bytes(["a"]), source="unit.jsonl")
+    policy = parse_policy(POLICY_TEXT, source="unit.yaml")
+    targets = Targets("http://127.0.0.1:1", "http://127.0.0.1:2")
+    run_id = start_run(first, corpus, policy, targets, pair="gpu0", exclusive=True)
+    with pytest.raises(PairBusy, match=run_id):
+        start_run(second, corpus, policy, targets, pair="gpu0", exclusive=True)
+    start_run(second, corpus, policy, targets, pair="gpu1", exclusive=True)  # another pair
+    start_run(second, corpus, policy, targets)  # CLI runs are not exclusive
+    raw = sqlite3.connect(db)
+    with raw:  # the owner stalls past its lease, in another pid namespace
+        raw.execute("UPDATE runs SET owner_ns='elsewhere', owner_id='stalled',"
+                    " lease_expires_at=? WHERE id=?", (time.time() - 1, run_id))  # fmt: skip
+    raw.close()
+    taken = start_run(second, corpus, policy, targets, pair="gpu0", exclusive=True)
+    assert first.get_run(run_id).status == "interrupted"
+    assert second.get_run(taken).status == "running"
+    with pytest.raises(ValueError, match=f"another run in progress: {taken}"):
+        second.claim_for_resume(run_id)  # a resume takes the pair too
+    second.finish_run(taken, "error", error="done")
+    assert second.claim_for_resume(run_id).status == "running"
+    raw = sqlite3.connect(db)
+    with raw:  # someone else takes the run over
+        raw.execute("UPDATE runs SET owner_id='someone-else' WHERE id=?", (run_id,))
+    raw.close()
+    with pytest.raises(LeaseLost):
+        second.save_result(run_id, 0, exact("a"))
+    with pytest.raises(LeaseLost):
+        second.finish_run(run_id, "passed")
+    assert second.results(run_id) == []
+    first.close()
+    second.close()
+
+
+def test_read_only_stores_create_nothing_and_refuse_what_is_not_a_run_database(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "typo" / "x.sqlite3"
+    with pytest.raises(StoreError, match="no run database"):
+        Store(missing, read_only=True)
+    assert not (tmp_path / "typo").exists()
+    junk = tmp_path / "junk.sqlite3"
+    junk.write_bytes(b"this is not sqlite at all\n" * 100)
+    with pytest.raises(sqlite3.DatabaseError, match="not a database"):
+        Store(junk, read_only=True)
+    other = tmp_path / "other.sqlite3"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(StoreError, match="not a kdtree-parity run database"):
+        Store(other, read_only=True)
+    db = tmp_path / "runs.sqlite3"
+    writer = Store(db)
+    run_id = new_run(writer, ["a"])
+    raw = sqlite3.connect(db)
+    with raw:
+        raw.execute("UPDATE runs SET owner_ns='elsewhere', lease_expires_at=0 WHERE id=?",
+                    (run_id,))  # fmt: skip
+    raw.close()
+    reader = Store(db, read_only=True)
+    assert reader.get_run(run_id).status == "interrupted"  # shown as what it is ...
+    raw = sqlite3.connect(db)
+    assert raw.execute("SELECT status FROM runs").fetchone()[0] == "running"  # ... not written
+    raw.close()
+    reader.close()
+    writer.close()
 
 
 def test_html_escapes_what_the_servers_and_corpus_send(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,11 +39,18 @@ from kdtree_parity.runner import (
     execute_run,
     start_run,
 )
-from kdtree_parity.store import Store
+from kdtree_parity.store import LeaseLost, RunRecord, Store, StoreError
 
 EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
 console = Console(stderr=True, soft_wrap=True)  # progress, logs, errors
 results = Console(soft_wrap=True)  # the verdict and where the report is: what a script reads
+# Before a replay, --out must take a real write of PROBE_BYTES (flushed to the device) and then
+# still have MIN_FREE_BYTES free: the reports of a 200-prompt run are a few MB.
+PROBE_BYTES = 1 << 20
+MIN_FREE_BYTES = 32 << 20
+# What a new run is made of; a resume takes all of it from the stored run instead.
+NEW_RUN_FLAGS = {"baseline": "BASELINE_URL", "candidate": "CANDIDATE_URL",
+                 "replica": "REPLICA_URL", "corpus": "CORPUS", "policy": "POLICY", "out": "OUT"}  # fmt: skip
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -58,12 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    # The flags of NEW_RUN_FLAGS default to None here and to KDTREE_PARITY_* in _run, so that a
+    # --resume can tell a flag given beside it (refused) from the environment (ignored).
     run = sub.add_parser("run", help="run the gate (exit 0 pass, 1 fail, 2 could not decide)")
-    run.add_argument("--baseline", default=env_default("BASELINE_URL"), help="baseline URL")
-    run.add_argument("--candidate", default=env_default("CANDIDATE_URL"), help="candidate URL")
+    run.add_argument("--baseline", help="baseline URL (env KDTREE_PARITY_BASELINE_URL)")
+    run.add_argument("--candidate", help="candidate URL (env KDTREE_PARITY_CANDIDATE_URL)")
     run.add_argument(
         "--replica",
-        default=env_default("REPLICA_URL"),
         help="a second baseline server for A/A noise; without one the baseline is replayed twice",
     )
     for role in ("baseline", "candidate", "replica"):
@@ -72,10 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
             default=env_default(f"{role.upper()}_IMAGE"),
             help=f"{role} image digest or reference, recorded in the report",
         )
-    run.add_argument("--corpus", default=env_default("CORPUS"), help="JSONL path or default|short")
-    run.add_argument("--policy", default=env_default("POLICY"), help="YAML path or default|short")
-    run.add_argument("--out", default=env_default("OUT"), help="reports go to OUT/RUN_ID/")
-    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or errored run")
+    run.add_argument("--corpus", help="JSONL path or default|short")
+    run.add_argument("--policy", help="YAML path or default|short")
+    run.add_argument("--out", help="reports go to OUT/RUN_ID/")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_ID",
+        help="continue an interrupted or errored run with its stored targets, corpus, policy and "
+        "out dir (giving any of those too is refused); image labels are compared",
+    )
     run.add_argument(
         "--accept-identity-change",
         action="store_true",
@@ -127,41 +140,95 @@ class _Refusal(Exception):
     """A reason to stop before anything is replayed: one line on stderr, exit 2."""
 
 
+def _lease_s() -> float:
+    value = env_default("LEASE_S")
+    try:
+        lease = float(value)
+    except ValueError:
+        raise _Refusal(f"KDTREE_PARITY_LEASE_S={value!r} is not a number") from None
+    if not 1 <= lease <= 3600:
+        raise _Refusal(f"KDTREE_PARITY_LEASE_S must be 1..3600 seconds, got {lease:g}")
+    return lease
+
+
 def _open_store(db: str) -> Store:
     try:
-        store = Store(db)
+        store = Store(db, lease_s=_lease_s())
+    except (OSError, sqlite3.Error, StoreError) as exc:
+        raise _Refusal(f"cannot use the run database {db}: {exc}") from None
+    try:
         store.check_writable()
-    except (OSError, sqlite3.Error) as exc:
+    except sqlite3.Error as exc:
+        store.close()
         raise _Refusal(f"cannot use the run database {db}: {exc}") from None
     return store
 
 
+def _open_store_read_only(db: str) -> Store:
+    """For list and report: nothing is created or written (a typo is not a new database)."""
+    try:
+        return Store(db, read_only=True)
+    except (OSError, sqlite3.Error, StoreError) as exc:
+        raise _Refusal(f"cannot read the run database {db}: {exc}") from None
+
+
 def _check_out_dir(out: str) -> Path:
-    """Reports must be writable before a whole corpus is replayed for them."""
+    """Reports must be writable before a whole corpus is replayed for them: a real write of
+    PROBE_BYTES, flushed to the device, and MIN_FREE_BYTES left after it. Creating an empty file
+    is not enough: it succeeds on a full disk."""
     path = Path(out).resolve()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-") as probe:
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+            os.fsync(probe.fileno())
+        stat = os.statvfs(path)
     except OSError as exc:
         raise _Refusal(f"cannot write reports to {path}: {exc}") from None
+    free = stat.f_bavail * stat.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise _Refusal(
+            f"cannot write reports to {path}: {free / 2**20:.1f} MiB free, the reports need "
+            f"at least {MIN_FREE_BYTES >> 20} MiB"
+        )
     return path
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _refuse(action: Callable[[], int]) -> int:
     try:
-        return _run(args)
+        return action()
     except _Refusal as exc:
         console.print(f"[red]{exc}", highlight=False)
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _cmd_run(args: argparse.Namespace) -> int:
+    return _refuse(lambda: _run(args))
+
+
+def _images(args: argparse.Namespace, has_replica: bool) -> dict[str, str | None]:
+    """Image labels by role; the A/A twin is the replica, or the baseline replayed twice."""
     images = {"baseline": args.baseline_image, "candidate": args.candidate_image}
-    if args.replica_image:
+    if has_replica:
         images["aa"] = args.replica_image
-    elif args.baseline_image and not args.replica:
+    elif args.baseline_image:
         images["aa"] = args.baseline_image
+    return images
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.resume:
+        given = [f"--{flag}" for flag in NEW_RUN_FLAGS if getattr(args, flag) is not None]
+        if given:
+            raise _Refusal(
+                f"cannot resume {args.resume} with {', '.join(given)}: a resume replays the "
+                "stored run's targets, corpus, policy and out dir; start a new run to change them"
+            )
+    else:
+        for flag, variable in NEW_RUN_FLAGS.items():
+            if getattr(args, flag) is None:
+                setattr(args, flag, env_default(variable))
     if not args.resume:
         try:
             corpus = load_corpus(args.corpus)
@@ -192,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
                 record = store.claim_for_resume(args.resume)
             except ValueError as exc:
                 raise _Refusal(f"cannot resume {args.resume}: {exc}") from None
+            images = _images(args, _has_replica(record))
             run_id, total = record.id, record.prompts_total
             console.print(f"resuming run {run_id}: {record.prompts_ok}/{total} prompts done")
         else:
@@ -209,6 +277,7 @@ def _run(args: argparse.Namespace) -> int:
                 ),
                 out_dir=str(out_dir),
             )
+            images = _images(args, bool(args.replica))
             total = len(corpus)
             console.print(f"run {run_id}: {total} prompts, corpus {corpus.source}")
         counts = {"hard": 0, "near_tie": 0, "errors": 0}
@@ -242,6 +311,8 @@ def _run(args: argparse.Namespace) -> int:
                 console.print("[yellow]interrupted: the run is recorded as interrupted (--resume)")
             except IdentityChanged as exc:
                 raise _Refusal(f"resume refused: {exc}") from None
+            except LeaseLost as exc:
+                raise _Refusal(f"run {run_id} was taken over by another process: {exc}") from None
             except Exception as exc:  # recorded as an error run by execute_run; say why, exit 2
                 console.print(f"[red]run failed: {type(exc).__name__}: {exc}", highlight=False)
         record = store.get_run(run_id)
@@ -254,6 +325,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT[record.status]
     finally:
         store.close()
+
+
+def _has_replica(record: RunRecord) -> bool:
+    return record.targets["aa"][0] != record.targets["baseline"][0]
 
 
 def _report_paths(directory: Path) -> dict[str, Path] | None:
@@ -286,7 +361,11 @@ async def _run_with_signals(
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    store = Store(args.db)
+    return _refuse(lambda: _report(args))
+
+
+def _report(args: argparse.Namespace) -> int:
+    store = _open_store_read_only(args.db)
     try:
         try:
             report = build_report(store, args.run_id)
@@ -294,7 +373,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
             console.print(f"[red]no run {args.run_id} in {args.db}")
             return 2
         if args.format == "files":
-            _print_verdict(report, write_reports(store, args.run_id, Path(args.out)))
+            try:
+                paths = write_reports(store, args.run_id, Path(args.out))
+            except OSError as exc:
+                raise _Refusal(f"cannot write reports to {args.out}: {exc}") from None
+            _print_verdict(report, paths)
         else:
             render = {"md": render_markdown, "json": report_json, "html": render_html}
             sys.stdout.write(render[args.format](report))
@@ -304,8 +387,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    return _refuse(lambda: _list(args))
+
+
+def _list(args: argparse.Namespace) -> int:
     """A table on a terminal; tab-separated lines (one run each) when piped, for scripts."""
-    store = Store(args.db)
+    store = _open_store_read_only(args.db)
     try:
         columns = ("run", "status", "started (UTC)", "prompts ok", "baseline", "candidate")
         rows = [

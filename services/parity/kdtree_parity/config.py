@@ -21,6 +21,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "POLICY": ("default", "policy: a YAML path or a shipped name (default, short)"),
     "DB": ("runs/parity.sqlite3", "SQLite database of runs"),
     "OUT": ("runs/parity", "reports are written to OUT/RUN_ID/report.{json,html,md}"),
+    "LEASE_S": ("60", "seconds a run stays claimed by its process without a heartbeat"),
     "TOKEN": ("", "service: bearer token for POST /runs (unset: mutating endpoints refuse)"),
     "HOST": ("127.0.0.1", "service: bind address"),
     "PORT": ("8300", "service: port"),

@@ -7,7 +7,9 @@ One JSON object per line::
 
 ``id`` (unique, non-empty string) and exactly one of ``text`` (non-empty string) or ``input_ids``
 (non-empty list of non-negative ints) are required; ``max_new_tokens`` (positive int) and
-``tags`` (list of strings) are optional. Blank lines are skipped. Every problem in the file is
+``tags`` (list of strings) are optional. Blank lines are skipped. Strings must be valid Unicode
+(a JSON escape of a lone surrogate such as ``"\ud800"`` cannot be sent as UTF-8), and a line
+nested deeper than Python's JSON parser can follow is refused. Every problem in the file is
 reported at once, each with its line number, so a broken corpus is fixed in one pass.
 
 The shipped corpora live in ``kdtree_parity/corpora`` (package data): ``default`` (>= 200 prompts:
@@ -97,10 +99,27 @@ class Corpus:
         return len(self.entries)
 
 
+def _not_unicode(key: str, value: Any) -> str | None:
+    """A problem when a string of the entry cannot be encoded (a lone surrogate from JSON)."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return (
+                    f"{key!r} is not valid Unicode: lone surrogate "
+                    f"{text[exc.start]!r} at character {exc.start}"
+                )
+    return None
+
+
 def _validate_entry(obj: Any, line: int) -> tuple[CorpusEntry | None, list[str]]:
     problems: list[str] = []
     if not isinstance(obj, dict):
         return None, [f"expected a JSON object, got {type(obj).__name__}"]
+    problems += [p for key in sorted(obj) if (p := _not_unicode(key, obj[key]))]
+    if problems:
+        return None, problems
     unknown = sorted(set(obj) - ALLOWED_KEYS)
     if unknown:
         problems.append(
@@ -164,6 +183,9 @@ def parse_corpus(data: bytes, source: str = "<corpus>") -> Corpus:
             obj = json.loads(raw)
         except json.JSONDecodeError as exc:
             problems.append((number, f"invalid JSON: {exc.msg} (column {exc.colno})"))
+            continue
+        except RecursionError:
+            problems.append((number, "invalid JSON: nested too deeply"))
             continue
         entry, entry_problems = _validate_entry(obj, number)
         problems.extend((number, p) for p in entry_problems)

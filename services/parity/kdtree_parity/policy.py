@@ -160,4 +160,10 @@ def load_policy(spec: str | Path) -> LoadedPolicy:
         path = builtin_policy_path(str(spec))
     if not path.is_file():
         raise PolicyError(str(spec), [(0, "no such file (and not a built-in policy name)")])
-    return parse_policy(path.read_text(encoding="utf-8"), source=str(path))
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise PolicyError(str(path), [(line, f"not valid UTF-8: {exc.reason}")]) from None
+    return parse_policy(text, source=str(path))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
+import sqlite3
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +31,9 @@ from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ROLES, Outcome, PromptResult, Role
-from kdtree_parity.store import HEARTBEAT_S, VERDICT_TO_STATUS, RunRecord, Store
+from kdtree_parity.store import VERDICT_TO_STATUS, LeaseLost, RunRecord, Store
 
+log = logging.getLogger("kdtree_parity.runner")
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
 
 
@@ -62,15 +66,47 @@ class Targets:
 
 
 class IdentityChanged(RuntimeError):
-    """A resumed run's target is not the build the run started with."""
+    """A resumed run's target is not the build the run started with (or cannot be shown to be)."""
+
+
+# An image label that names content (``sha256:<64 hex>``, optionally ``name@sha256:...``); a tag
+# such as ``kdtree/inference:latest`` can move between the run and its resume.
+_IMAGE_DIGEST = re.compile(r"(?:[^@\s]+@)?sha256:[0-9a-f]{64}")
+
+
+def weights_digest(identity: dict[str, Any] | None) -> str | None:
+    """The weights digest a target reports in /model_info (the reference engine does)."""
+    info = (identity or {}).get("model_info")
+    engine = info.get("kdtree_engine") if isinstance(info, dict) else None
+    digest = engine.get("weights_sha256") if isinstance(engine, dict) else None
+    return digest if isinstance(digest, str) and digest else None
+
+
+def unverifiable(recorded: dict[str, Any] | None) -> str | None:
+    """Why a resume cannot show that a target is the build a run started with, or None.
+
+    /model_info pins a build only when it reports a weights digest (the reference engine);
+    SGLang's /model_info names the model path and served name but not the weights or the code,
+    so such a target is pinned only by an image digest recorded when the run started."""
+    if weights_digest(recorded):
+        return None
+    image = (recorded or {}).get("image")
+    if isinstance(image, str) and _IMAGE_DIGEST.fullmatch(image):
+        return None
+    return "its /model_info has no weights digest and the run recorded no image digest for it" + (
+        f" (only {image!r}, which is not a digest)" if image else ""
+    )
 
 
 def identity_differences(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """What differs between a target's recorded identity and ``current`` (both may hold 'image'
-    and 'model_info'); a key that ``current`` does not assert is not compared."""
+    and 'model_info'). An image label recorded with the run must be given again and match; a
+    /model_info that was never recorded (the run never got that far) is not compared."""
     recorded = recorded or {}
     differences = []
-    if "image" in current and recorded.get("image") != current["image"]:
+    if "image" in recorded and "image" not in current:
+        differences.append(f"image {recorded['image']!r} -> (not given on the resume)")
+    elif "image" in current and recorded.get("image") != current["image"]:
         differences.append(f"image {recorded.get('image')!r} -> {current['image']!r}")
     if "model_info" in current and "model_info" in recorded:
         before, after = _flat(recorded["model_info"]), _flat(current["model_info"])
@@ -119,8 +155,10 @@ def start_run(
     *,
     pair: str = "cli",
     out_dir: str | None = None,
+    exclusive: bool = False,
 ) -> str:
-    """Record a new run (status running) and return its id; ``execute_run`` does the work."""
+    """Record a new run (status running) and return its id; ``execute_run`` does the work.
+    ``exclusive``: one live run per ``pair`` across every process on the store (PairBusy)."""
     return store.create_run(
         pair=pair,
         targets=targets.as_roles(),
@@ -133,6 +171,7 @@ def start_run(
         policy_sha256=policy.sha256,
         policy_text=policy.text,
         out_dir=out_dir,
+        exclusive=exclusive,
     )
 
 
@@ -192,7 +231,8 @@ async def execute_run(
         clients[name] = role_client[role] = TargetClient(name, url, replay)
     stop = asyncio.Event()
     breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
-    heartbeat = asyncio.create_task(_heartbeat(store, run_id))
+    lost: list[LeaseLost] = []
+    heartbeat = asyncio.create_task(_heartbeat(store, run_id, asyncio.current_task(), lost))
     try:
         # Every wait ends by the same deadline; collect them all so the reason names every
         # target that never became healthy and no wait outlives its client.
@@ -255,6 +295,7 @@ async def execute_run(
         )
         status = VERDICT_TO_STATUS[verdict.status]
         ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
+        store.heartbeat(run_id)  # still ours? (LeaseLost) -- never report over a new owner's run
         if write_reports and record.out_dir:
             try:
                 write_report_files(store, run_id, Path(record.out_dir), ending=ending)
@@ -264,7 +305,13 @@ async def execute_run(
                 )
         store.finish_run(run_id, ending.status, verdict=ending.verdict, error=ending.error)
         outcome = RunOutcome(run_id, ending.status, verdict, ending.error)
+    except LeaseLost:
+        _log_lost(run_id)
+        raise
     except (asyncio.CancelledError, KeyboardInterrupt):
+        if lost:  # the heartbeat found the run taken over: it is not ours to end or report
+            _log_lost(run_id)
+            raise lost[0] from None
         store.finish_run(run_id, "interrupted", error="interrupted (signal or cancellation)")
         _write_reports_quietly(store, run_id, record.out_dir, write_reports)
         raise
@@ -293,17 +340,23 @@ async def _check_identities(
     images: dict[str, str],
     accept_change: bool,
 ) -> None:
-    """Record each target's identity; on a resume, refuse (or record) any change of build."""
+    """Record each target's identity; on a resume, refuse (or record) any change of build, and
+    any target whose build cannot be shown to be the same (see ``unverifiable``)."""
     current = {}
     for role, client in role_client.items():
         current[role] = {"model_info": await client.identity()}
         if images.get(role):
             current[role]["image"] = images[role]
-    changed = {
-        role: diff
-        for role, identity in current.items()
-        if (diff := identity_differences(record.targets[role][1], identity))
-    }
+    changed = {}
+    for role, identity in current.items():
+        recorded = record.targets[role][1]
+        if recorded is None or "model_info" not in recorded:
+            continue  # the first time this run gets this far: nothing to compare with yet
+        diff = identity_differences(recorded, identity)
+        if not diff and (why := unverifiable(recorded)):
+            diff = [f"cannot be verified: {why}"]
+        if diff:
+            changed[role] = diff
     if changed and not accept_change:
         named = "; ".join(f"{role}: {', '.join(diff)}" for role, diff in changed.items())
         raise IdentityChanged(
@@ -318,11 +371,26 @@ async def _check_identities(
             store.set_identity(run_id, role, identity)
 
 
-async def _heartbeat(store: Store, run_id: str) -> None:
-    """Keep updated_at fresh so readers on other hosts can tell a live run from a dead one."""
+async def _heartbeat(
+    store: Store, run_id: str, owner: asyncio.Task | None, lost: list[LeaseLost]
+) -> None:
+    """Renew the run's lease so other processes see it is alive. If the run was taken over
+    (our lease expired), stop the run at once: its results are no longer ours to store."""
     while True:
-        await asyncio.sleep(HEARTBEAT_S)
-        store.heartbeat(run_id)
+        await asyncio.sleep(store.heartbeat_s)
+        try:
+            store.heartbeat(run_id)
+        except LeaseLost as exc:
+            lost.append(exc)
+            if owner is not None:
+                owner.cancel()
+            return
+        except sqlite3.Error as exc:  # e.g. locked for longer than the busy timeout: next time
+            log.warning("run %s: could not renew its lease: %s", run_id, exc)
+
+
+def _log_lost(run_id: str) -> None:
+    log.error("run %s: this process lost its lease; stopped without touching the run", run_id)
 
 
 def _compare(entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float) -> PromptResult:

@@ -3,8 +3,11 @@
 Targets come only from the service's configuration (environment, or a pairs file), never from
 the caller, so the service cannot be pointed at arbitrary hosts. ``POST /runs`` needs the bearer
 token from ``KDTREE_PARITY_TOKEN``; without a configured token it is refused outright. One run at
-a time per target pair (409 otherwise). Runs execute in the service's event loop; a service that
-restarts marks the runs it left behind as interrupted.
+a time per target pair (409 otherwise), across every service sharing the database: the pair's
+exclusion and each run's ownership live in the store (``store.py``: owner, lease, heartbeat),
+so a second service on the same file neither takes a busy pair nor declares the first one's
+runs dead while their lease holds. Request bodies are limited to ``MAX_BODY_BYTES`` (413), and
+no answer echoes more than ``SHOWN_CHARS`` characters of what the caller sent.
 
 Endpoints: ``POST /runs``, ``GET /runs``, ``GET /runs/{id}`` (status and progress),
 ``GET /runs/{id}/report.json``, ``GET /runs/{id}/report.html``, ``GET /health``, ``GET /metrics``.
@@ -33,15 +36,16 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kdtree_parity.client import url_problem
 from kdtree_parity.config import env_default
-from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
-from kdtree_parity.policy import PolicyError, load_policy
+from kdtree_parity.corpus import BUILTIN_CORPORA, Corpus, CorpusError, load_corpus
+from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import Targets, corpus_too_small, execute_run, start_run
-from kdtree_parity.store import RunRecord, Store
+from kdtree_parity.store import LeaseLost, PairBusy, RunRecord, Store
 
 log = logging.getLogger("kdtree_parity.service")
 
@@ -49,6 +53,46 @@ log = logging.getLogger("kdtree_parity.service")
 TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "targets", "url", "urls"})
 REQUEST_KEYS = frozenset({"pair", "corpus"})
 IMAGE_KEYS = ("baseline_image", "candidate_image", "replica_image")
+MAX_BODY_BYTES = 1 << 20  # a run request is a few dozen bytes; anything near this is abuse
+SHOWN_CHARS = 80  # at most this much of a caller's value is quoted back in an error
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to SHOWN_CHARS: an error names what was sent without echoing it all."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+class BodyLimit:
+    """ASGI middleware: a declared or streamed request body over ``limit`` bytes is a 413."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            response = JSONResponse({"detail": self._message()}, status_code=413)
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:  # chunked, no length declared: stop reading here
+                raise HTTPException(413, self._message())
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _message(self) -> str:
+        return f"the request body is larger than {self.limit} bytes"
 
 
 class ConfigurationError(ValueError):
@@ -65,6 +109,7 @@ class ServiceSettings:
     policy: str
     db: str
     out: str
+    lease_s: float = 60.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ServiceSettings:
@@ -83,6 +128,11 @@ class ServiceSettings:
                     env_default("REPLICA_IMAGE", env) or None,
                 )
             }
+        lease = env_default("LEASE_S", env)
+        try:
+            lease_s = float(lease)
+        except ValueError:
+            raise ConfigurationError(f"KDTREE_PARITY_LEASE_S={lease!r} is not a number") from None
         return cls(
             token=env_default("TOKEN", env),
             pairs=pairs,
@@ -90,11 +140,15 @@ class ServiceSettings:
             policy=env_default("POLICY", env),
             db=env_default("DB", env),
             out=env_default("OUT", env),
+            lease_s=lease_s,
         )
 
-    def check(self) -> None:
-        """Raise ConfigurationError naming every problem a POST /runs would otherwise hit."""
+    def check(self) -> tuple[Corpus, LoadedPolicy]:
+        """The configured corpus and policy as they are now; ConfigurationError naming every
+        problem a POST /runs would otherwise hit."""
         problems = []
+        if not 1 <= self.lease_s <= 3600:
+            problems.append(f"the lease must be 1..3600 seconds, got {self.lease_s:g}")
         corpus = policy = None
         try:
             corpus = load_corpus(self.corpus)
@@ -114,10 +168,11 @@ class ServiceSettings:
             for role, url in targets.as_roles().items():
                 if problem := url_problem(url):
                     problems.append(f"pair {name!r} {role}: {problem}")
-        if problems:
+        if problems or corpus is None or policy is None:
             raise ConfigurationError(
                 "the parity service's configuration is unusable:\n" + "\n".join(problems)
             )
+        return corpus, policy
 
 
 def load_pairs(path: Path) -> dict[str, Targets]:
@@ -149,7 +204,6 @@ class _Live:
     """In-memory progress of the runs this process is executing."""
 
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
-    pair_of: dict[str, str] = field(default_factory=dict)
     done: dict[str, int] = field(default_factory=dict)
 
 
@@ -210,20 +264,21 @@ def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:
-    """The service; ``settings`` are fixed for its lifetime and checked here (ConfigurationError)."""
-    settings.check()
+    """The service; ``settings`` are fixed for its lifetime and checked here (ConfigurationError).
+
+    The configured corpus and policy files are hashed now: a run asked for after either file
+    changed (or broke) is refused with 409, naming the change; restart the service to take it.
+    """
+    started_corpus, started_policy = settings.check()
     live = _Live()
     metrics = _Metrics()
     state: dict[str, Store] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.db)
-        orphans = store.mark_orphans_interrupted("the parity service restarted during the run")
-        if orphans:
-            log.warning(
-                "marked %d run(s) left running by a previous service as interrupted", orphans
-            )
+        # Runs another process left running stay as they are: each reads as interrupted only
+        # once its own lease expired (store.py), whoever starts or restarts meanwhile.
+        store = Store(settings.db, lease_s=settings.lease_s)
         state["store"] = store
         try:
             yield
@@ -236,6 +291,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             store.close()
 
     app = FastAPI(title="kdtree parity sidecar", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     def store() -> Store:
         return state["store"]
@@ -258,7 +314,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         try:
             return store().get_run(run_id)
         except KeyError:
-            raise HTTPException(404, f"no run {run_id}") from None
+            raise HTTPException(404, f"no run {_shown(run_id)}") from None
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -293,31 +349,28 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         for key in REQUEST_KEYS & set(body):
             if not isinstance(body[key], str):
                 raise HTTPException(
-                    400, f"{key!r} must be a string (a name), not {body[key]!r:.80}"
+                    400, f"{key!r} must be a string (a name), not {_shown(body[key])}"
                 )
         pair = body.get("pair", "default")
         if pair not in settings.pairs:
-            raise HTTPException(404, f"no configured pair {pair!r}")
+            raise HTTPException(404, f"no configured pair {_shown(pair)}")
         corpus_spec = body.get("corpus", settings.corpus)
         if corpus_spec != settings.corpus and corpus_spec not in BUILTIN_CORPORA:
             raise HTTPException(
                 400, f"corpus must be the configured one or a shipped name {BUILTIN_CORPORA}"
             )
-        busy = [rid for rid, p in live.pair_of.items() if p == pair and rid in live.tasks]
-        if busy:
-            raise HTTPException(409, f"pair {pair!r} already has a run in progress: {busy[0]}")
-        try:
-            corpus = load_corpus(corpus_spec)
-            policy = load_policy(settings.policy)
-        except (CorpusError, PolicyError) as exc:
-            raise HTTPException(500, f"service misconfigured: {exc}") from None
+        corpus = _unchanged(corpus_spec, load_corpus, CorpusError, started_corpus, "corpus")
+        policy = _unchanged(settings.policy, load_policy, PolicyError, started_policy, "policy")
         too_small = corpus_too_small(corpus, policy)
         if too_small:
             raise HTTPException(400, f"{too_small}: such a run could never decide")
-        run_id = start_run(
-            store(), corpus, policy, settings.pairs[pair], pair=pair, out_dir=settings.out
-        )
-        live.pair_of[run_id] = pair
+        try:
+            run_id = start_run(
+                store(), corpus, policy, settings.pairs[pair], pair=pair, out_dir=settings.out,
+                exclusive=True,
+            )  # fmt: skip
+        except PairBusy as exc:
+            raise HTTPException(409, str(exc)) from None
         live.done[run_id] = 0
         metrics.running.inc()
 
@@ -334,6 +387,8 @@ def create_app(settings: ServiceSettings) -> FastAPI:
             except asyncio.CancelledError:
                 status = "interrupted"
                 raise
+            except LeaseLost:
+                status = "interrupted"  # taken over by another process; logged by the runner
             except Exception:
                 log.exception("run %s crashed", run_id)
             finally:
@@ -363,6 +418,26 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         return HTMLResponse(render_html(build_report(store(), run_id)))
 
     return app
+
+
+def _unchanged(spec: str, load: Any, error: type[Exception], started: Any, what: str) -> Any:
+    """Load ``spec`` as it is now; when it is the configured file the service started with, it
+    must still have the same bytes (409 otherwise: a run must use what the service checked)."""
+    try:
+        now = load(spec)
+    except error as exc:
+        raise HTTPException(
+            409,
+            f"the {what} {spec} changed since the service started and no longer loads "
+            f"({str(exc).splitlines()[-1].strip()}); fix it and restart the service",
+        ) from None
+    if now.source == started.source and now.sha256 != started.sha256:
+        raise HTTPException(
+            409,
+            f"the configured {what} {started.source} changed since the service started "
+            f"(sha256 {started.sha256[:12]} -> {now.sha256[:12]}); restart the service to use it",
+        )
+    return now
 
 
 def app_from_env() -> FastAPI:

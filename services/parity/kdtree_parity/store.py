@@ -3,10 +3,15 @@
 A run is ``running`` until it ends as ``passed``, ``failed``, ``error`` (could not decide) or
 ``interrupted`` (Ctrl-C, SIGTERM, a crash of the process that owned it). Every per-prompt result
 is committed as soon as it is known, so nothing is lost on failure and ``resume`` replays only
-the prompts that have no result (or an errored one). A ``running`` row whose owner process is
-gone (same host), or whose owner stopped its heartbeat (any host: a container that died) is
-reconciled to ``interrupted`` whenever runs are read: a crashed run is never reported as passed,
-nor as still running.
+the prompts that have no result (or an errored one).
+
+Ownership holds across processes and hosts sharing one database file: a running run carries its
+owner (a per-process id, host, pid) and a lease (``lease_expires_at``) that the owner renews
+while it works. A run reads as ``interrupted`` only when its lease expired, or sooner when its
+owner is a process in this pid namespace that no longer exists. Every write of a run's progress
+checks that the writer still owns it (``LeaseLost`` otherwise), so an owner that lost its lease
+can never mix its results into a run someone else resumed. Runs of a service pair are exclusive:
+at most one runs per pair, decided inside one ``BEGIN IMMEDIATE`` transaction (``PairBusy``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import secrets
 import socket
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,8 +34,8 @@ from kdtree_parity.results import PromptResult
 
 RunStatus = Literal["running", "passed", "failed", "error", "interrupted"]
 FINAL_STATUSES = ("passed", "failed", "error", "interrupted")
-HEARTBEAT_S = 10.0  # how often a live run touches updated_at
-STALE_AFTER_S = 120.0  # a running run untouched this long has lost its owner
+LEASE_S = 60.0  # default lease of a running run; the owner renews it every LEASE_S / 6
+LEGACY_STALE_S = 120.0  # rows written before leases existed: stale this long after updated_at
 VERDICT_TO_STATUS: dict[str, RunStatus] = {"pass": "passed", "fail": "failed", "error": "error"}
 
 _SCHEMA = """
@@ -50,7 +57,11 @@ CREATE TABLE IF NOT EXISTS runs (
     verdict_json TEXT,
     error TEXT,
     owner_host TEXT NOT NULL,
-    owner_pid INTEGER NOT NULL
+    owner_pid INTEGER NOT NULL,
+    owner_id TEXT,
+    owner_ns TEXT,
+    lease_expires_at REAL,
+    exclusive INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS targets (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -76,6 +87,60 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (run_id, prompt_id)
 );
 """
+# Columns added after the first release: ALTER TABLE adds them to older databases.
+_ADDED_COLUMNS = {
+    "owner_id": "TEXT",
+    "owner_ns": "TEXT",
+    "lease_expires_at": "REAL",
+    "exclusive": "INTEGER NOT NULL DEFAULT 0",
+}
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used as asked (missing, not a run database, unreadable)."""
+
+
+class LeaseLost(RuntimeError):
+    """This process no longer owns the run (its lease expired and the run was taken over)."""
+
+
+class PairBusy(RuntimeError):
+    """A pair already has a live run; ``run_id`` names it."""
+
+    def __init__(self, pair: str, run_id: str) -> None:
+        super().__init__(f"pair {pair!r} already has a run in progress: {run_id}")
+        self.pair = pair
+        self.run_id = run_id
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who executes a run: ``id`` is unique per process; ``namespace`` says where ``pid`` means
+    this process (boot id and pid namespace), so a pid is only checked where it is meaningful."""
+
+    id: str
+    host: str
+    pid: int
+    namespace: str
+
+
+@cache
+def _owner_for(pid: int) -> Owner:
+    host = socket.gethostname()
+    return Owner(f"{host}:{pid}:{secrets.token_hex(6)}", host, pid, _pid_namespace())
+
+
+def this_owner() -> Owner:
+    """This process as a run owner (a new id after fork: the pid is part of the key)."""
+    return _owner_for(os.getpid())
+
+
+def _pid_namespace() -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return f"host:{socket.gethostname()}"
 
 
 @dataclass(frozen=True)
@@ -109,6 +174,8 @@ def new_run_id() -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,16 +186,53 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Store:
-    """A SQLite database of runs. One instance per thread (sqlite3 connections are not shared)."""
+    """A SQLite database of runs. One instance per thread (sqlite3 connections are not shared).
 
-    def __init__(self, path: str | Path) -> None:
+    ``read_only`` opens an existing database without writing anything (``list``, ``report``):
+    a missing file is refused, and runs whose owner is gone read as interrupted without being
+    rewritten. ``lease_s`` is how long the runs this process owns stay claimed without renewal.
+    """
+
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, lease_s: float = LEASE_S
+    ) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"the lease must be a positive number of seconds, got {lease_s}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self.read_only = read_only
+        self.lease_s = lease_s
+        self.owner = this_owner()
+        if read_only:
+            self._db = _connect_read_only(self.path)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
+        try:
+            if read_only:
+                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master")}
+                if "runs" not in tables:
+                    raise StoreError(f"{self.path} is not a kdtree-parity run database")
+            else:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.executescript(_SCHEMA)
+                self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often an owner renews its lease: six chances before it expires."""
+        return self.lease_s / 6
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            have = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in have:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -148,6 +252,31 @@ class Store:
             raise
         self._db.execute("COMMIT")
 
+    def _claim_values(self, now: float) -> tuple[str, int, str, str, float]:
+        o = self.owner
+        return o.host, o.pid, o.id, o.namespace, now + self.lease_s
+
+    def _busy_run(self, db: sqlite3.Connection, pair: str, now: float) -> str | None:
+        """The live run of ``pair`` (inside a transaction), expiring the dead ones first."""
+        for row in db.execute(
+            "SELECT * FROM runs WHERE pair=? AND status='running' AND exclusive=1", (pair,)
+        ).fetchall():
+            why = _dead_reason(row, now)
+            if why is None:
+                return row["id"]
+            _expire(db, row, why, now)
+        return None
+
+    def _assert_owner(self, db: sqlite3.Connection, run_id: str) -> None:
+        row = db.execute("SELECT status, owner_id FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(run_id)
+        if row["status"] != "running" or row["owner_id"] != self.owner.id:
+            raise LeaseLost(
+                f"run {run_id} is no longer owned by this process ({self.owner.id}): it is "
+                f"{row['status']} under {row['owner_id']}"
+            )
+
     def create_run(
         self,
         *,
@@ -163,15 +292,21 @@ class Store:
         out_dir: str | None,
         images: dict[str, str] | None = None,
         run_id: str | None = None,
+        exclusive: bool = False,
     ) -> str:
+        """Record a new ``running`` run owned by this process. ``exclusive``: refuse (PairBusy)
+        while ``pair`` has another live exclusive run, decided in the same transaction."""
         run_id = run_id or new_run_id()
         now = time.time()
         with self._tx() as db:
+            if exclusive and (busy := self._busy_run(db, pair, now)):
+                raise PairBusy(pair, busy)
             db.execute(
                 "INSERT INTO runs (id, created_at, updated_at, status, pair, prompts_total,"
                 " corpus_source, corpus_sha256, corpus_jsonl, policy_source, policy_sha256,"
-                " policy_text, out_dir, owner_host, owner_pid)"
-                " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " policy_text, out_dir, owner_host, owner_pid, owner_id, owner_ns,"
+                " lease_expires_at, exclusive)"
+                " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     now,
@@ -185,8 +320,8 @@ class Store:
                     policy_sha256,
                     policy_text,
                     out_dir,
-                    socket.gethostname(),
-                    os.getpid(),
+                    *self._claim_values(now),
+                    int(exclusive),
                 ),
             )
             db.executemany(
@@ -204,23 +339,41 @@ class Store:
         return run_id
 
     def claim_for_resume(self, run_id: str) -> RunRecord:
-        """Take over a run that is not passed/failed: it becomes ``running`` under this process."""
-        record = self.get_run(run_id)
-        if record.status == "running":
-            raise ValueError(f"run {run_id} is still running (owner process alive)")
-        if record.status in ("passed", "failed"):
-            raise ValueError(f"run {run_id} already finished as {record.status}; nothing to resume")
+        """Take over a run that is not passed/failed and whose owner is gone: it becomes
+        ``running`` under this process. Checked and claimed in one transaction, so two resumes
+        (or a resume and a live owner) never both get it."""
+        now = time.time()
         with self._tx() as db:
+            row = db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                raise KeyError(run_id)
+            if row["status"] == "running":
+                why = _dead_reason(row, now)
+                if why is None:
+                    raise ValueError(
+                        f"run {run_id} is still running (owner {row['owner_host']}:"
+                        f"{row['owner_pid']}, its lease holds for another "
+                        f"{_lease_end(row) - now:.0f}s)"
+                    )
+                _expire(db, row, why, now)
+            elif row["status"] in ("passed", "failed"):
+                raise ValueError(
+                    f"run {run_id} already finished as {row['status']}; nothing to resume"
+                )
+            if row["exclusive"] and (busy := self._busy_run(db, row["pair"], now)):
+                raise ValueError(f"pair {row['pair']!r} has another run in progress: {busy}")
             db.execute(
                 "UPDATE runs SET status='running', error=NULL, verdict_json=NULL,"
-                " finished_at=NULL, updated_at=?, owner_host=?, owner_pid=? WHERE id=?",
-                (time.time(), socket.gethostname(), os.getpid(), run_id),
+                " finished_at=NULL, updated_at=?, owner_host=?, owner_pid=?, owner_id=?,"
+                " owner_ns=?, lease_expires_at=? WHERE id=?",
+                (now, *self._claim_values(now), run_id),
             )
         return self.get_run(run_id)
 
     def set_identity(self, run_id: str, role: str, identity: dict[str, Any]) -> None:
         """Merge ``identity`` into what is recorded for the target (e.g. its image label)."""
         with self._tx() as db:
+            self._assert_owner(db, run_id)
             row = db.execute(
                 "SELECT identity_json FROM targets WHERE run_id=? AND role=?", (run_id, role)
             ).fetchone()
@@ -235,6 +388,7 @@ class Store:
     ) -> None:
         """Record that a resume went on with a target whose identity changed, then adopt it."""
         with self._tx() as db:
+            self._assert_owner(db, run_id)
             row = db.execute(
                 "SELECT identity_json FROM targets WHERE run_id=? AND role=?", (run_id, role)
             ).fetchone()
@@ -251,8 +405,10 @@ class Store:
             )
 
     def save_result(self, run_id: str, ordinal: int, result: PromptResult) -> None:
-        """Commit one prompt's result (replacing an earlier errored one on resume)."""
+        """Commit one prompt's result (replacing an earlier errored one on resume); LeaseLost
+        when this process no longer owns the run."""
         with self._tx() as db:
+            self._assert_owner(db, run_id)
             db.execute(
                 "INSERT OR REPLACE INTO results (run_id, prompt_id, ordinal, has_error,"
                 " result_json) VALUES (?, ?, ?, ?, ?)",
@@ -264,7 +420,11 @@ class Store:
                     json.dumps(result.to_json()),
                 ),
             )
-            db.execute("UPDATE runs SET updated_at=? WHERE id=?", (time.time(), run_id))
+            now = time.time()
+            db.execute(
+                "UPDATE runs SET updated_at=?, lease_expires_at=? WHERE id=?",
+                (now, now + self.lease_s, run_id),
+            )
 
     def finish_run(
         self,
@@ -273,10 +433,12 @@ class Store:
         verdict: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> None:
+        """End a run this process owns (LeaseLost otherwise)."""
         if status not in FINAL_STATUSES:
             raise ValueError(f"not a final status: {status}")
         now = time.time()
         with self._tx() as db:
+            self._assert_owner(db, run_id)
             db.execute(
                 "UPDATE runs SET status=?, verdict_json=?, error=?, finished_at=?, updated_at=?"
                 " WHERE id=?",
@@ -300,39 +462,34 @@ class Store:
         return {row["prompt_id"] for row in rows}
 
     def heartbeat(self, run_id: str) -> None:
-        """Called every HEARTBEAT_S by the process executing the run."""
-        self._db.execute(
-            "UPDATE runs SET updated_at=? WHERE id=? AND status='running'", (time.time(), run_id)
-        )
+        """Renew this process's lease on ``run_id`` (every ``heartbeat_s``); LeaseLost when the
+        run is no longer ours."""
+        now = time.time()
+        with self._tx() as db:
+            self._assert_owner(db, run_id)
+            db.execute(
+                "UPDATE runs SET updated_at=?, lease_expires_at=? WHERE id=?",
+                (now, now + self.lease_s, run_id),
+            )
 
     def _reconcile(self) -> None:
-        """Mark runs whose owner has gone as interrupted (dead pid here, or no heartbeat)."""
-        host, now = socket.gethostname(), time.time()
-        rows = self._db.execute(
-            "SELECT id, owner_host, owner_pid, updated_at FROM runs WHERE status='running'"
-        ).fetchall()
-        for row in rows:
-            if row["owner_host"] == host and row["owner_pid"] == os.getpid():
-                continue
-            if row["owner_host"] == host and not _pid_alive(row["owner_pid"]):
-                why = f"owner process {row['owner_pid']} exited before the run finished"
-            elif now - row["updated_at"] > STALE_AFTER_S:
-                why = (
-                    f"no heartbeat from {row['owner_host']}:{row['owner_pid']} for "
-                    f"{now - row['updated_at']:.0f}s"
-                )
-            else:
-                continue
-            self.finish_run(row["id"], "interrupted", error=why)
-
-    def mark_orphans_interrupted(self, reason: str) -> int:
-        """At service start: every run this host left ``running`` was cut short."""
-        rows = self._db.execute(
-            "SELECT id FROM runs WHERE status='running' AND owner_host=?", (socket.gethostname(),)
-        ).fetchall()
-        for row in rows:
-            self.finish_run(row["id"], "interrupted", error=reason)
-        return len(rows)
+        """Mark runs whose owner has gone as interrupted (lease expired, or a dead pid here).
+        A read-only store leaves the rows alone; ``_record`` shows them interrupted anyway."""
+        if self.read_only:
+            return
+        now = time.time()
+        dead = [
+            row["id"]
+            for row in self._db.execute("SELECT * FROM runs WHERE status='running'").fetchall()
+            if _dead_reason(row, now) is not None
+        ]
+        if not dead:
+            return
+        with self._tx() as db:
+            for run_id in dead:  # re-read inside the transaction: it may have been renewed
+                row = db.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row["status"] == "running" and (why := _dead_reason(row, now)):
+                    _expire(db, row, why, now)
 
     def get_run(self, run_id: str) -> RunRecord:
         self._reconcile()
@@ -374,9 +531,12 @@ class Store:
                 (row["id"],),
             )
         )
+        status, error = row["status"], row["error"]
+        if status == "running" and (why := _dead_reason(row, time.time())):
+            status, error = "interrupted", why  # a read-only store cannot record it
         return RunRecord(
             id=row["id"],
-            status=row["status"],
+            status=status,
             pair=row["pair"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
@@ -391,7 +551,57 @@ class Store:
             policy_text=row["policy_text"],
             out_dir=row["out_dir"],
             verdict=None if row["verdict_json"] is None else json.loads(row["verdict_json"]),
-            error=row["error"],
+            error=error,
             targets=targets,
             identity_changes=changes,
         )
+
+
+def _row_get(row: sqlite3.Row, key: str) -> Any:
+    return row[key] if key in row.keys() else None  # noqa: SIM118 (sqlite3.Row has no __contains__ by key)
+
+
+def _lease_end(row: sqlite3.Row) -> float:
+    end = _row_get(row, "lease_expires_at")
+    return row["updated_at"] + LEGACY_STALE_S if end is None else end
+
+
+def _dead_reason(row: sqlite3.Row, now: float) -> str | None:
+    """Why a ``running`` row's owner is gone, or None while its lease holds."""
+    if _row_get(row, "owner_ns") == this_owner().namespace and not _pid_alive(row["owner_pid"]):
+        return f"owner process {row['owner_pid']} exited before the run finished"
+    if now > _lease_end(row):
+        return (
+            f"the lease of {row['owner_host']}:{row['owner_pid']} expired "
+            f"{now - _lease_end(row):.0f}s ago (no heartbeat)"
+        )
+    return None
+
+
+def _expire(db: sqlite3.Connection, row: sqlite3.Row, why: str, now: float) -> None:
+    """Inside a transaction: the dead owner's run becomes interrupted (if nothing changed)."""
+    db.execute(
+        "UPDATE runs SET status='interrupted', error=?, finished_at=?, updated_at=?"
+        " WHERE id=? AND status='running' AND owner_id IS ?",
+        (why, now, now, row["id"], _row_get(row, "owner_id")),
+    )
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """Open an existing database without creating or writing anything. In a read-only
+    directory a WAL database whose -wal file is gone (nobody has it open for writing) cannot
+    create its -shm file; it is then opened as immutable."""
+    if not path.is_file():
+        raise StoreError(f"no run database at {path}")
+    uri = "file:" + urllib.parse.quote(str(path.resolve()))
+    db = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        if Path(f"{path}-wal").exists():
+            raise
+    db = sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True)
+    db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return db

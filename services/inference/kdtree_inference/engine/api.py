@@ -4,6 +4,11 @@ Responses are built the way SGLang's TokenizerManager builds them (``meta_info``
 triples ``(logprob, token_id, text_or_None)``, finish reasons ``{"type": "length", "length": n}`` /
 ``{"type": "stop", "matched": ...}``); errors are ``{"error": {"message": ...}}`` with 400 for
 client mistakes and 503 while the engine is not ready, never an unhandled 500.
+
+A request whose client goes away is aborted in the scheduler, as SGLang aborts on disconnect:
+a non-streaming request's connection is polled every ``DISCONNECT_POLL_S``, and a stream is
+aborted when its generator is cancelled or its client is gone. Aborted requests are counted in
+``kdtree_engine_aborted_requests_total`` and answered (to nobody) with 499.
 """
 
 from __future__ import annotations
@@ -18,14 +23,29 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .protocol import CompletionRequestModel, RequestError, build_requests
-from .scheduler import Engine, EngineStepError, GenerationRequest, GenerationResult
+from .scheduler import (
+    Engine,
+    EngineStepError,
+    GenerationRequest,
+    GenerationResult,
+)
 
 log = logging.getLogger("kdtree_inference.engine.api")
 
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions"})
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming request checks its client
+CLIENT_CLOSED = 499  # nginx's "client closed request": what an aborted request is counted as
+# meta_info lists that an incremental stream sends per segment (SGLang's
+# _INCREMENTAL_STREAMING_META_INFO_KEYS that this engine produces).
+INCREMENTAL_META_KEYS = ("output_token_logprobs", "output_top_logprobs")
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected; its requests were aborted."""
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
@@ -103,9 +123,28 @@ class EngineAPI:
         self.metrics.generation_tokens.labels(attention).inc(len(res.output_ids))
         self.metrics.latency.labels(attention).observe(res.e2e_latency)
 
-    async def run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def abort(self, requests: list[GenerationRequest]) -> None:
+        for req in requests:
+            self.engine.abort(req)
+        self.metrics.aborted.labels(self.engine.config.attention).inc(len(requests))
+
+    async def run(
+        self, requests: list[GenerationRequest], client: Request | None = None
+    ) -> list[GenerationResult]:
+        """Generate ``requests``; ClientGone (after aborting them) once ``client`` disconnects."""
         futures = [asyncio.wrap_future(self.engine.submit(r)) for r in requests]
-        results = await asyncio.gather(*futures)
+        gathered = asyncio.gather(*futures, return_exceptions=True)
+        while client is not None:
+            done, _ = await asyncio.wait({gathered}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await client.is_disconnected():
+                self.abort(requests)
+                raise ClientGone
+        results = await gathered
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                raise outcome
         for req, res in zip(requests, results, strict=True):
             self._record(req, res)
         return list(results)
@@ -130,13 +169,7 @@ class EngineAPI:
     def _routes(self) -> None:
         app, engine = self.app, self.engine
 
-        @app.middleware("http")
-        async def count_generation_requests(request: Request, call_next: Any) -> Response:
-            # Every answer of a generation endpoint is counted by its HTTP status, refusals too.
-            response = await call_next(request)
-            if request.url.path in GENERATION_PATHS:
-                self.metrics.requests.labels(engine.config.attention, response.status_code).inc()
-            return response
+        app.add_middleware(_CountGenerationRequests, api=self)
 
         @app.get("/health")
         @app.get("/health_generate")
@@ -168,7 +201,11 @@ class EngineAPI:
                     "attention_backend": cfg.attention,
                     "device": cfg.device,
                     "dtype": cfg.dtype,
-                    "seed": cfg.model.seed,
+                    # What the weights are: the safetensors file (path and sha256 of its bytes)
+                    # or, when seeded, the seed and the sha256 of the seeded model's config.
+                    "seed": None if cfg.weights_dir else cfg.model.seed,
+                    "weights_path": engine.weights_identity.get("path"),
+                    "weights_sha256": engine.weights_identity.get("sha256"),
                     "num_layers": cfg.model.num_layers,
                     "num_heads": cfg.model.num_heads,
                     "hidden_size": cfg.model.hidden_size,
@@ -207,8 +244,10 @@ class EngineAPI:
                 if parsed.stream:
                     if is_batch:
                         raise RequestError("stream is supported for single prompts only")
-                    return self._stream(requests[0], with_text)
-                results = await self.run(requests)
+                    return self._stream(requests[0], with_text, request)
+                results = await self.run(requests, request)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
             except EngineStepError as exc:
                 return _error(str(exc), 500)
             except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
@@ -260,7 +299,9 @@ class EngineAPI:
                     "top_logprobs_num": oa.logprobs or 0,
                 }
                 requests, _, _ = build_requests(gen_body, engine.config, engine.tokenizer)
-                results = await self.run(requests)
+                results = await self.run(requests, request)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
             except EngineStepError as exc:
                 return _error(str(exc), 500)
             except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
@@ -311,10 +352,16 @@ class EngineAPI:
             },
         }
 
-    def _stream(self, req: GenerationRequest, with_text: bool) -> StreamingResponse:
-        """SSE like SGLang's non-incremental stream: every chunk carries the output so far."""
+    def _stream(
+        self, req: GenerationRequest, with_text: bool, client: Request
+    ) -> StreamingResponse:
+        """SSE as SGLang streams: with ``incremental_streaming_output`` (the default here) each
+        event carries only the new text, ``output_ids`` and output logprobs (SGLang's
+        --incremental-streaming-output), else the whole output so far (SGLang's default). A
+        client that goes away aborts the request."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
+        segments = _Segments(req, self.engine.config.incremental_streaming_output)
 
         def on_progress(res: GenerationResult) -> None:
             snapshot = self._output(req, res, with_text)
@@ -323,26 +370,98 @@ class EngineAPI:
         req.on_progress = on_progress
         future = asyncio.wrap_future(self.engine.submit(req))
 
+        def event(payload: dict) -> bytes:
+            return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
         async def events():
-            while True:
-                getter = asyncio.ensure_future(updates.get())
-                done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    chunk = getter.result()
-                    if chunk["meta_info"]["finish_reason"] is None:
-                        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            finished = False
+            getter: asyncio.Future | None = None
+            try:
+                while True:
+                    getter = getter or asyncio.ensure_future(updates.get())
+                    done, _ = await asyncio.wait(
+                        {getter, future},
+                        timeout=DISCONNECT_POLL_S,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if not done:
+                        if await client.is_disconnected():
+                            return
                         continue
-                else:
-                    getter.cancel()
-                try:
-                    res = await future
-                except Exception as exc:
-                    error = {"error": {"message": str(exc), "code": 400}}
-                    yield b"data: " + json.dumps(error).encode() + b"\n\n"
+                    if getter in done:
+                        chunk, getter = getter.result(), None
+                        if chunk["meta_info"]["finish_reason"] is None:
+                            yield event(segments.next(chunk))
+                            continue
+                    try:
+                        res = await future
+                    except Exception as exc:
+                        finished = True
+                        yield event({"error": {"message": str(exc), "code": 400}})
+                        break
+                    finished = True
+                    self._record(req, res)
+                    yield event(segments.next(self._output(req, res, with_text), final=True))
                     break
-                self._record(req, res)
-                yield b"data: " + json.dumps(self._output(req, res, with_text)).encode() + b"\n\n"
-                break
-            yield b"data: [DONE]\n\n"
+                yield b"data: [DONE]\n\n"
+            finally:  # cancelled (the client went away) or returned early: stop the work
+                if getter is not None:
+                    getter.cancel()
+                if not finished and not future.done():
+                    self.abort([req])
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _CountGenerationRequests:
+    """Every answer of a generation endpoint is counted by its HTTP status, refusals too.
+
+    Plain ASGI rather than ``@app.middleware("http")``: that wrapper stands between the handler
+    and the server's ``receive``, and a handler polling ``request.is_disconnected()`` through it
+    never sees its client go away."""
+
+    def __init__(self, app: ASGIApp, api: EngineAPI) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                api = self.api
+                api.metrics.requests.labels(api.engine.config.attention, message["status"]).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+class _Segments:
+    """Turns the cumulative outputs of one stream into what each event sends."""
+
+    def __init__(self, req: GenerationRequest, incremental: bool) -> None:
+        self.incremental = incremental
+        self.sent_ids = 0
+        self.sent_text = ""
+        # Text not yet certain stays back: a stop string may still trim it, and a trailing
+        # U+FFFD may be the start of a multi-byte character that the next token completes.
+        self.hold = max((len(stop) for stop in req.stop_strs), default=1) - 1
+
+    def next(self, output: dict, final: bool = False) -> dict:
+        if not self.incremental:
+            return output
+        text = output["text"]
+        if not final:
+            text = text[: len(text) - self.hold] if self.hold else text
+            text = text.rstrip("\ufffd")
+        delta = text[len(self.sent_text) :] if text.startswith(self.sent_text) else ""
+        self.sent_text += delta
+        meta = dict(output["meta_info"])
+        for key in INCREMENTAL_META_KEYS:
+            if key in meta:
+                meta[key] = meta[key][self.sent_ids :]
+        ids = output["output_ids"][self.sent_ids :]
+        self.sent_ids = len(output["output_ids"])
+        return {"text": delta, "output_ids": ids, "meta_info": meta}

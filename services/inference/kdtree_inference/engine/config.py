@@ -86,6 +86,9 @@ class EngineConfig:
     weights_dir: str | None = None
     fault_layer: int | None = None
     fault_scale: float = 1.0
+    # Stream events carry only what is new since the previous one (SGLang's
+    # --incremental-streaming-output); False resends the whole output each time, SGLang's default.
+    incremental_streaming_output: bool = True
     warmup_delay_s: float = 0.0
 
     def __post_init__(self) -> None:

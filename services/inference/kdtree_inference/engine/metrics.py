@@ -40,6 +40,10 @@ class EngineMetrics:
             labels, registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )  # fmt: skip
+        self.aborted = Counter(
+            "kdtree_engine_aborted_requests", "Requests aborted because their client went away",
+            labels, registry=self.registry,
+        )  # fmt: skip
         self.ready = Gauge("kdtree_engine_ready", "1 once warm", labels, registry=self.registry)
         self.validate_calls = Gauge(
             "kdtree_engine_validate_calls", "validate mode: attention calls compared (op vs baseline)",

@@ -12,7 +12,10 @@ so ``save_weights`` / ``load_weights`` round-trip through safetensors.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -94,14 +97,29 @@ def save_weights(weights: dict[str, torch.Tensor], directory: str | Path) -> Pat
     return path
 
 
+def seeded_digest(cfg: ModelConfig) -> str:
+    """sha256 of what seeded weights are made from: the model config (shape, seed, scale)."""
+    canonical = json.dumps(dataclasses.asdict(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(("seeded:" + canonical).encode()).hexdigest()
+
+
 def load_weights(cfg: ModelConfig, directory: str | Path) -> dict[str, torch.Tensor]:
     """Weights from ``directory/model.safetensors``; every expected tensor must be there, in shape."""
-    from safetensors.torch import load_file
+    return load_weights_with_digest(cfg, directory)[0]
+
+
+def load_weights_with_digest(
+    cfg: ModelConfig, directory: str | Path
+) -> tuple[dict[str, torch.Tensor], dict[str, str | None]]:
+    """``load_weights`` plus the file's resolved path and the sha256 of the very bytes loaded."""
+    from safetensors.torch import load as load_bytes
 
     path = Path(directory) / WEIGHTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_FILE} in {directory}")
-    loaded = load_file(str(path))
+    data = path.read_bytes()
+    identity = {"path": str(path.resolve()), "sha256": hashlib.sha256(data).hexdigest()}
+    loaded = load_bytes(data)
     expected = weight_shapes(cfg)
     missing = sorted(set(expected) - set(loaded))
     if missing:
@@ -111,7 +129,7 @@ def load_weights(cfg: ModelConfig, directory: str | Path) -> dict[str, torch.Ten
     for name, shape in expected.items():
         if tuple(loaded[name].shape) != shape:
             raise ValueError(f"{path}: {name} has shape {tuple(loaded[name].shape)}, want {shape}")
-    return {name: loaded[name].float() for name in expected}
+    return {name: loaded[name].float() for name in expected}, identity
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

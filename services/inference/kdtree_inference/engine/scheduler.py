@@ -30,7 +30,7 @@ from .attention import AttentionBackend, ExtendMetadata
 from .config import EngineConfig
 from .drafter import DraftTree, NgramIndex, NgramTreeDrafter
 from .kv_pool import MLAKVPool
-from .model import TinyMLAModel, load_weights, seeded_weights
+from .model import TinyMLAModel, load_weights_with_digest, seeded_digest, seeded_weights
 from .sampling import sample_token, token_logprobs
 from .tokenizer import ByteTokenizer
 
@@ -41,6 +41,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class EngineStepError(RuntimeError):
     """A forward failed inside the engine (a server fault, not a client error)."""
+
+
+class RequestAborted(RuntimeError):
+    """The request was aborted (its client went away) before it finished."""
 
 
 @dataclass
@@ -65,6 +69,8 @@ class GenerationRequest:
     sampling_seed: int | None = None
     # Called on the worker thread with the partial result after every step (streaming).
     on_progress: Callable[[GenerationResult], None] | None = None
+    # Set by Engine.abort from any thread; the worker drops the request at its next step.
+    aborted: bool = False
 
 
 @dataclass
@@ -117,6 +123,9 @@ class Engine:
         self.drafter = NgramTreeDrafter(config.spec, config.model.vocab_size)
         self.num_running = 0
         self.num_waiting = 0
+        self.num_aborted = 0  # requests dropped by abort() before they finished
+        # What the weights are, known once loaded: for /model_info and the parity gate's resume.
+        self.weights_identity: dict[str, str | None] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
     def load(self) -> None:
@@ -126,11 +135,11 @@ class Engine:
             # Lets tests and demos observe the not-ready state (/health 503) deterministically.
             time.sleep(cfg.warmup_delay_s)
         backend = AttentionBackend(cfg.attention, cfg.device)
-        weights = (
-            load_weights(cfg.model, cfg.weights_dir)
-            if cfg.weights_dir
-            else seeded_weights(cfg.model)
-        )
+        if cfg.weights_dir:
+            weights, self.weights_identity = load_weights_with_digest(cfg.model, cfg.weights_dir)
+        else:
+            weights = seeded_weights(cfg.model)
+            self.weights_identity = {"path": None, "sha256": seeded_digest(cfg.model)}
         dtype = DTYPES[cfg.dtype]
         self.model = TinyMLAModel(
             cfg.model, backend, weights, cfg.device, dtype, cfg.fault_layer, cfg.fault_scale
@@ -163,6 +172,12 @@ class Engine:
         future: Future = Future()
         self._queue.put((req, future))
         return future
+
+    def abort(self, req: GenerationRequest) -> None:
+        """Stop ``req`` (from any thread): its KV slots are freed and its future fails with
+        RequestAborted at the worker's next step; a request that already finished is left be."""
+        req.aborted = True
+        self._queue.put(None)  # wakes an idle worker
 
     def generate(self, req: GenerationRequest, timeout: float | None = None) -> GenerationResult:
         return self.submit(req).result(timeout=timeout)
@@ -227,6 +242,7 @@ class Engine:
                 pass
             if self._stop.is_set():
                 break
+            waiting, running = self._drop_aborted(waiting, running)
             try:
                 running = self._serve_batch(waiting, running, one_step=True)
             except Exception as exc:  # never lose a request silently: fail them all
@@ -242,6 +258,34 @@ class Engine:
             future.set_exception(RuntimeError(f"engine stopped before serving {req.rid}"))
         for item in running:
             item.future.set_exception(RuntimeError(f"engine stopped while serving {item.req.rid}"))
+
+    def _drop_aborted(
+        self, waiting: list[tuple[GenerationRequest, Future]], running: list[_Running]
+    ) -> tuple[list[tuple[GenerationRequest, Future]], list[_Running]]:
+        """Remove aborted requests: free their slots, fail their futures, count them."""
+        still_waiting = []
+        for req, future in waiting:
+            if req.aborted:
+                self.num_aborted += 1
+                if not future.done():
+                    future.set_exception(RequestAborted(f"request {req.rid} was aborted"))
+            else:
+                still_waiting.append((req, future))
+        still_running = []
+        for item in running:
+            if item.req.aborted:
+                self.num_aborted += 1
+                self._release(item)
+                if not item.future.done():
+                    item.future.set_exception(
+                        RequestAborted(
+                            f"request {item.req.rid} was aborted after "
+                            f"{len(item.result.output_ids)} tokens"
+                        )
+                    )
+            else:
+                still_running.append(item)
+        return still_waiting, still_running
 
     def _serve_batch(
         self,

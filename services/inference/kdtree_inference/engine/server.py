@@ -58,8 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TEST ONLY: scale this layer's attention output (a deliberately wrong "
                    "candidate)")  # fmt: skip
     p.add_argument(
-        "--fault-scale", type=float, default=1.0, help="TEST ONLY: factor for --fault-layer"
-    )
+        "--fault-scale", type=float, default=None,
+        help="TEST ONLY: factor for --fault-layer (required with it)",
+    )  # fmt: skip
+    p.add_argument("--incremental-streaming-output", action=argparse.BooleanOptionalAction,
+                   default=EngineConfig.incremental_streaming_output,
+                   help="stream disjoint segments (SGLang's --incremental-streaming-output); "
+                   "--no-incremental-streaming-output resends the whole output in every event, "
+                   "SGLang's default")  # fmt: skip
     p.add_argument("--warmup-delay", type=float, default=0.0,
                    help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
     p.add_argument("--threads", type=int, default=int(os.environ.get("KDTREE_ENGINE_THREADS", "1")),
@@ -72,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if (args.fault_layer is None) != (args.fault_scale is None):
+        raise ValueError("--fault-layer and --fault-scale go together: give both or neither")
     torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     attention = args.attention or default_attention_backend(device)
@@ -100,7 +108,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_new_tokens_limit=args.max_new_tokens_limit,
         weights_dir=args.weights_dir,
         fault_layer=args.fault_layer,
-        fault_scale=args.fault_scale,
+        fault_scale=1.0 if args.fault_scale is None else args.fault_scale,
+        incremental_streaming_output=args.incremental_streaming_output,
         warmup_delay_s=args.warmup_delay,
     )
 

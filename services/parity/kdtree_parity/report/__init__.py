@@ -50,6 +50,10 @@ def write_report_files(
     }
     for key, path in paths.items():
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(contents[key], encoding="utf-8")
-        tmp.replace(path)
+        try:
+            tmp.write_text(contents[key], encoding="utf-8")
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a full disk must not stay full of half a report
+            raise
     return paths
