@@ -191,10 +191,14 @@ def test_an_error_the_baseline_shares_is_undecidable_not_the_candidates_fault() 
     alone = result("too-long", failed("http", 400), g, aa=failed("http", 400))
     verdict = decide(summarize([alone] + [exact(f"p{i}") for i in range(4)], 5), GATE)
     assert verdict.status == "error" and outcome_of(verdict, "undecidable_prompts") == "undecided"
-    # A baseline that merely did not answer is no rejection: the candidate's 500 still counts.
-    unanswered = result("x", failed("connect"), failed("http", 500))
-    verdict = decide(summarize([unanswered] + [exact(f"p{i}") for i in range(4)], 5), GATE)
-    assert verdict.status == "fail" and outcome_of(verdict, "candidate_errors") == "fail"
+    # A baseline that did not answer, failed with a 5xx or was rate limited rejected nothing:
+    # the candidate's own 500 on that prompt still counts.
+    for baseline in (failed("connect"), failed("http", 500), failed("http", 429)):
+        unanswered = result("x", baseline, failed("http", 500))
+        verdict = decide(summarize([unanswered] + [exact(f"p{i}") for i in range(4)], 5), GATE)
+        assert verdict.status == "fail" and outcome_of(verdict, "candidate_errors") == "fail"
+        assert outcome_of(verdict, "undecidable_prompts") == "pass"
+        assert outcome_of(verdict, "baseline_errors") == "undecided"
 
 
 def with_finish(pid: str, candidate_finish: str, twin_finish: str = "length"):

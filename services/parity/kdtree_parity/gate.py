@@ -90,7 +90,7 @@ class Summary:
     errors: dict[str, dict[str, int]]  # role -> error kind -> count (decidable prompts only)
     candidate: PairSummary
     aa: PairSummary
-    # Prompts the baseline itself rejected (an HTTP error answer): (prompt id, every error).
+    # Prompts the baseline itself refused with a 4xx: (prompt id, every target's error).
     undecidable: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -117,11 +117,17 @@ class Summary:
         )
 
 
+# Client errors that say "not now" rather than "not this request".
+_NOT_NOW = frozenset({408, 429})
+
+
 def baseline_rejected(result: PromptResult) -> bool:
-    """The baseline answered this prompt with an HTTP error (e.g. 400, prompt too long): the
-    prompt cannot decide anything, and whatever the other targets answered is not evidence."""
+    """The baseline refused this very request with a client error (e.g. 400, prompt too long):
+    the prompt cannot decide anything, and whatever the other targets answered is not evidence.
+    A baseline failing with a 5xx is a broken baseline instead (``baseline_errors``)."""
     error = result.outcomes["baseline"].error
-    return error is not None and error.kind == "http"
+    code = error.status_code if error is not None and error.kind == "http" else None
+    return code is not None and 400 <= code < 500 and code not in _NOT_NOW
 
 
 def summarize(results: Sequence[PromptResult], prompts_total: int) -> Summary:
