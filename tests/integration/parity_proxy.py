@@ -2,11 +2,16 @@
 
 It sits in front of a real engine server and can (a) delay the first ``slow_first`` requests
 it sees for each distinct /generate body by ``delay_s`` seconds -- a slow server, as the
-sidecar's timeout sees it --, answer 503 to the first ``unavailable_first`` ones, (b) call
+sidecar's timeout sees it --, answer ``unavailable_status`` (503; 429 or 502 is what a load
+balancer sends), with a ``Retry-After: retry_after`` header when set, to the first
+``unavailable_first`` ones, (b) call
 ``on_generate(n)`` before forwarding the n-th /generate request (a test kills the real upstream
 there: the server dies with work outstanding), (c) be pointed at a different upstream while
-running (a restarted server), and (d) answer a request itself with the HTTP status that
-``respond(path, body)`` returns (None forwards it): a broken server, or one failing one prompt. When the upstream
+running (a restarted server), (d) answer a request itself with the HTTP status that
+``respond(path, body)`` returns (None forwards it): a broken server, or one failing one prompt,
+and (e) pass the upstream's JSON answer to a /generate through ``rewrite(answer)`` (which changes
+it in place) before sending it on, as JSON that may hold NaN and -Infinity: a server that
+answers the baseline's tokens with its logprobs or finish reason falsified. When the upstream
 cannot be reached it closes the client's connection without an answer, which is what a dead
 server looks like to a client.
 """
@@ -14,7 +19,9 @@ server looks like to a client.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -30,11 +37,18 @@ class ForwardingProxy:
         unavailable_first: int = 0,
         on_generate: Callable[[int], None] | None = None,
         respond: Callable[[str, bytes], int | None] | None = None,
+        rewrite: Callable[[dict], None] | None = None,
+        unavailable_status: int = 503,
+        retry_after: str | None = None,
     ) -> None:
         self.upstream = upstream
         self.on_generate = on_generate
         self.respond = respond
         self.unavailable_first = unavailable_first
+        self.unavailable_status = unavailable_status
+        self.retry_after = retry_after
+        self.rewrite = rewrite
+        self.arrived_at: list[float] = []  # monotonic arrival time of every /generate
         self.delay_s = delay_s
         self.slow_first = slow_first
         self.generate_bodies: Counter[bytes] = Counter()
@@ -98,13 +112,16 @@ class ForwardingProxy:
                     continue
                 if path == "/generate":
                     self.generate_bodies[body] += 1
+                    self.arrived_at.append(time.monotonic())
                     if self.on_generate is not None:
                         self.on_generate(self.attempts)
                     if self.generate_bodies[body] <= self.slow_first:
                         await asyncio.sleep(self.delay_s)
                     if self.generate_bodies[body] <= self.unavailable_first:
+                        extra = f"retry-after: {self.retry_after}\r\n" if self.retry_after else ""
                         writer.write(
-                            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+                            f"HTTP/1.1 {self.unavailable_status} Unavailable\r\n{extra}"
+                            "content-length: 0\r\n\r\n".encode()
                         )
                         await writer.drain()
                         continue
@@ -118,12 +135,17 @@ class ForwardingProxy:
                         )
                 except httpx.TransportError:
                     return  # upstream gone: drop the connection without an answer
+                content = resp.content
+                if path == "/generate" and self.rewrite is not None and resp.status_code == 200:
+                    answer = resp.json()
+                    self.rewrite(answer)
+                    content = json.dumps(answer).encode()  # NaN, -Infinity as Python writes them
                 head = (
                     f"HTTP/1.1 {resp.status_code} {resp.reason_phrase}\r\n"
                     f"content-type: {resp.headers.get('content-type', 'text/plain')}\r\n"
-                    f"content-length: {len(resp.content)}\r\n\r\n"
+                    f"content-length: {len(content)}\r\n\r\n"
                 )
-                writer.write(head.encode() + resp.content)
+                writer.write(head.encode() + content)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             return

@@ -141,3 +141,36 @@ def test_percentile_is_nearest_rank() -> None:
     stats = DriftStats.of([0.0, 0.1, 0.2, 0.7])
     assert stats.count == 4 and stats.max == 0.7 and stats.p99 == 0.7
     assert stats.mean == pytest.approx(0.25)
+
+
+def test_nan_logprobs_are_left_out_of_drift() -> None:
+    a = gen([1, 2], [math.nan, -0.1])
+    b = gen([1, 2], [-0.5, -0.3])
+    assert compare_generations(a, b, 0.1).drift_values == pytest.approx((0.2,))
+
+
+@pytest.mark.parametrize("hidden", [None, -math.inf, math.nan], ids=["null", "-inf", "nan"])
+def test_an_answer_missing_logprobs_the_baseline_reports_is_named(hidden: float | None) -> None:
+    from kdtree_parity.compare import missing_logprobs
+
+    baseline = gen([1, 2, 3], [-0.1, -0.2, -0.3])
+    answer = gen([1, 2, 3], [-0.1, hidden, hidden])
+    assert missing_logprobs(baseline, answer) == (
+        "2 of 3 chosen-token logprobs are missing (null, -inf or NaN) where the baseline "
+        "reports them, first at position 1"
+    )
+    # Past the baseline's end: missing wherever the baseline reported any logprob at all.
+    assert "first at position 3" in missing_logprobs(
+        baseline, gen([1, 2, 3, 4], [-0.1] * 3 + [hidden])
+    )
+    # Where the baseline reports none itself, leaving it out is no fault.
+    silent = gen([1, 2, 3], [-math.inf] * 3)
+    assert missing_logprobs(silent, gen([1, 2, 3], [-math.inf] * 3)) is None
+    assert missing_logprobs(baseline, baseline) is None
+
+
+def test_same_tokens_other_finish_reason_is_a_finish_mismatch_a_length_change_is_not() -> None:
+    same = compare_generations(gen([1, 2], finish="length"), gen([1, 2], finish="abort"), 0.1)
+    assert same.finish_mismatch
+    shorter = compare_generations(gen([1, 2, 3], finish="length"), gen([1, 2], finish="stop"), 0.1)
+    assert shorter.finish_differs and not shorter.finish_mismatch  # a hard divergence already

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 from parity_factories import exact, failed, generation, hard, near_tie, ok, result
 
@@ -28,6 +31,7 @@ def test_all_exact_passes_with_every_rule_listed() -> None:
     assert {r.rule for r in verdict.reasons} == {
         "complete",
         "baseline_errors",
+        "undecidable_prompts",
         "candidate_reachable",
         "candidate_errors",
         "min_prompts",
@@ -35,6 +39,7 @@ def test_all_exact_passes_with_every_rule_listed() -> None:
         "hard_divergences",
         "exact_match_rate",
         "excess_divergence_rate",
+        "finish_reasons",
         "logprob_drift_p99",
     }
     assert all(r.outcome == "pass" for r in verdict.reasons)
@@ -166,3 +171,78 @@ def test_nothing_compared_is_undecided_not_a_rate_of_zero() -> None:
             "no prompt was compared on every target"
         )
     assert not any("(0/0)" in r.message for r in verdict.reasons)
+
+
+def test_an_error_the_baseline_shares_is_undecidable_not_the_candidates_fault() -> None:
+    """Before: the candidate's 400 on a prompt the baseline also answered 400 FAILED it."""
+    too_long = result("too-long", failed("http", 400), failed("http", 400), aa=failed("http", 400))
+    summary = summarize([too_long] + [exact(f"p{i}") for i in range(4)], 5)
+    assert summary.undecidable == (
+        ("too-long", "baseline: http failure; candidate: http failure; aa: http failure"),
+    )
+    assert summary.error_count("candidate") == 0 and summary.error_count("baseline") == 0
+    verdict = decide(summary, GATE)
+    assert verdict.status == "error"
+    assert outcome_of(verdict, "candidate_errors") == "pass"
+    reason = next(r for r in verdict.reasons if r.rule == "undecidable_prompts")
+    assert reason.outcome == "undecided" and "too-long (baseline: http failure" in reason.message
+    # The candidate answering that prompt fine does not make it decidable either.
+    g = ok(generation([1, 2]))
+    alone = result("too-long", failed("http", 400), g, aa=failed("http", 400))
+    verdict = decide(summarize([alone] + [exact(f"p{i}") for i in range(4)], 5), GATE)
+    assert verdict.status == "error" and outcome_of(verdict, "undecidable_prompts") == "undecided"
+    # A baseline that did not answer, failed with a 5xx or was rate limited rejected nothing:
+    # the candidate's own 500 on that prompt still counts.
+    for baseline in (failed("connect"), failed("http", 500), failed("http", 429)):
+        unanswered = result("x", baseline, failed("http", 500))
+        verdict = decide(summarize([unanswered] + [exact(f"p{i}") for i in range(4)], 5), GATE)
+        assert verdict.status == "fail" and outcome_of(verdict, "candidate_errors") == "fail"
+        assert outcome_of(verdict, "undecidable_prompts") == "pass"
+        assert outcome_of(verdict, "baseline_errors") == "undecided"
+
+
+def with_finish(pid: str, candidate_finish: str, twin_finish: str = "length"):
+    base = generation([1, 2, 3])
+    cand = replace(base, finish_reason=candidate_finish)
+    twin = replace(base, finish_reason=twin_finish)
+    return result(pid, ok(base), ok(cand), aa=ok(twin))
+
+
+def test_the_right_tokens_with_another_finish_reason_fail_beyond_aa() -> None:
+    """Before: PASS; finish_differs was counted but judged by no rule."""
+    results = [with_finish("ab", "abort")] + [exact(f"p{i}") for i in range(4)]
+    summary = summarize(results, 5)
+    assert summary.candidate.exact == 5 and summary.candidate.finish_mismatch == 1
+    verdict = decide(summary, GATE)
+    assert verdict.status == "fail" and [r.rule for r in verdict.failing] == ["finish_reasons"]
+    assert "ab" in verdict.failing[0].message
+    assert decide(summary, GATE.model_copy(update={"max_finish_mismatches": 1})).status == "pass"
+    # The same difference between the baseline and its twin is noise, not the candidate's.
+    noisy = [with_finish("ab", "abort", twin_finish="abort")] + [exact(f"p{i}") for i in range(4)]
+    allowed = GATE.model_copy(update={"allow_aa_divergence": True})
+    summary = summarize(noisy, 5)
+    assert summary.aa.finish_mismatch == 1 and summary.excess_finish_mismatch == 0
+    assert outcome_of(decide(summary, allowed), "finish_reasons") == "pass"
+
+
+def no_logprobs(pid: str, cand_diverges_at_first: bool = False):
+    silent = replace(generation([1, 2, 3]), token_logprobs=(-math.inf,) * 3)
+    other = replace(generation([9, 2, 3]), token_logprobs=(-0.1,) * 3)
+    if cand_diverges_at_first:
+        return result(pid, ok(generation([1, 2, 3])), ok(other))
+    return result(pid, ok(silent), ok(silent))
+
+
+def test_drift_measured_nowhere_is_never_a_pass() -> None:
+    """Before: 0 drift samples read as "p99 logprob drift 0" and passed."""
+    # The baseline reports no logprobs, so neither pair can measure drift: undecided.
+    verdict = decide(summarize([no_logprobs(f"p{i}") for i in range(4)], 4), GATE)
+    reason = next(r for r in verdict.reasons if r.rule == "logprob_drift_p99")
+    assert reason.outcome == "undecided" and "not measured" in reason.message
+    assert verdict.status == "error"
+    # The A/A pair measured drift but the candidate agreed on no first token: the candidate's.
+    lenient = GATE.model_copy(update={"max_hard_divergences": 10, "min_exact_match_rate": 0})
+    lenient = lenient.model_copy(update={"max_excess_divergence_rate": 1})
+    results = [no_logprobs(f"p{i}", cand_diverges_at_first=True) for i in range(4)]
+    verdict = decide(summarize(results, 4), lenient)
+    assert outcome_of(verdict, "logprob_drift_p99") == "fail" and verdict.status == "fail"

@@ -142,6 +142,110 @@ def test_policy_rejects_bad_yaml_and_non_mappings() -> None:
     assert parse_policy("").policy.gate.max_hard_divergences == 0
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        pytest.param(
+            "gate:\n  max_hard_divergences: 0\n  max_hard_divergences: 100\n",
+            3,
+            "duplicate key 'max_hard_divergences' (first on line 2)",
+            id="duplicate-key",
+        ),
+        pytest.param(
+            "gate:\n  min_prompts: 50\nreplay:\n  retries: 1\ngate:\n  min_prompts: 1\n",
+            5,
+            "duplicate key 'gate' (first on line 1)",
+            id="duplicate-section",
+        ),
+        pytest.param("gate: {min_prompts: 5, min_prompts: 1}\n", 1, "duplicate key", id="flow"),
+        pytest.param("gate:\n  min_prompts: true\n", 2, "gate.min_prompts", id="true-as-int"),
+        pytest.param("gate:\n  min_prompts: '20'\n", 2, "gate.min_prompts", id="string-int"),
+        pytest.param(
+            "gate:\n  allow_aa_divergence: 'no'\n", 2, "gate.allow_aa_divergence", id="string-bool"
+        ),
+        pytest.param("replay:\n  timeout_s: '60'\n", 2, "replay.timeout_s", id="string-float"),
+        pytest.param(
+            "gate:\n  max_logprob_drift_p99: .inf\n", 2, "finite number", id="inf-threshold"
+        ),
+        pytest.param(
+            "compare:\n  near_tie_epsilon: .nan\n", 2, "finite number", id="nan-threshold"
+        ),
+    ],
+)
+def test_policies_that_read_differently_from_what_they_say_are_refused(
+    text: str, line: int, message: str
+) -> None:
+    """Before: the last duplicate won, true became 1, '20' became 20, 'no' became false and .inf
+    passed (to crash the report later)."""
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, source="p.yaml")
+    ((where, problem),) = info.value.problems
+    assert where == line and message in problem
+    assert "\n" not in str(info.value) and str(info.value).startswith(f"policy p.yaml:{line}: ")
+
+
+def test_numbers_of_the_right_kind_still_load() -> None:
+    policy = parse_policy("replay:\n  timeout_s: 60\ngate:\n  allow_aa_divergence: false\n").policy
+    assert policy.replay.timeout_s == 60.0 and policy.gate.allow_aa_divergence is False
+
+
+def test_an_empty_or_partial_policy_takes_the_shipped_defaults() -> None:
+    """Before: an empty policy got min_prompts 20 (the code's own default), not the shipped 200."""
+    default = load_policy("default").policy
+    assert parse_policy("").policy == default
+    assert default.gate.min_prompts == 200
+    partial = parse_policy("gate:\n  min_prompts: 7\n").policy
+    assert partial.gate.min_prompts == 7
+    assert partial.replay == default.replay and partial.compare == default.compare
+    assert partial.gate.model_copy(update={"min_prompts": 200}) == default.gate
+
+
+def test_the_shipped_default_policy_sets_every_key() -> None:
+    """It is the one source of every default, so nothing may be left to the code."""
+    from kdtree_parity.policy import Policy
+    from kdtree_parity.yaml_load import load_yaml
+
+    path = Path(__file__).resolve().parents[2] / (
+        "services/parity/kdtree_parity/policies/default.yaml"
+    )
+    data = load_yaml(path.read_text())
+    for section, model in Policy.model_fields.items():
+        assert set(data[section]) == set(model.annotation.model_fields), section
+
+
+def test_cli_policy_show_prints_the_effective_policy(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("gate:\n  min_prompts: 7\n")
+    done = run_cli("policy", "--show", str(policy))
+    assert done.returncode == 0, done.stderr
+    from kdtree_parity.yaml_load import load_yaml
+
+    shown = parse_policy(done.stdout).policy
+    assert shown == parse_policy(policy.read_text()).policy
+    assert load_yaml(done.stdout)["replay"]["concurrency"] == 8  # every key, default included
+    assert run_cli("policy", "--show", "short").returncode == 0
+
+    policy.write_text("gate:\n  max_logprob_drift_p99: .inf\n")
+    for done in (
+        run_cli("policy", "--show", str(policy)),
+        run_cli("run", "--corpus", "short", "--policy", str(policy), "--db", str(tmp_path / "db")),
+    ):
+        assert done.returncode == 2
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{policy}:2: gate.max_logprob_drift_p99" in lines[0], lines
+
+
+def test_the_pairs_file_refuses_duplicate_keys(tmp_path: Path) -> None:
+    from kdtree_parity.service import ConfigurationError, load_pairs
+
+    pairs = tmp_path / "pairs.yaml"
+    pairs.write_text(
+        "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  candidate: http://evil:1\n"
+    )
+    with pytest.raises(ConfigurationError, match="duplicate key 'candidate'"):
+        load_pairs(pairs)
+
+
 def sglang_body(ids: list[int], top: int = 2) -> dict:
     return {
         "text": "xy",
@@ -179,6 +283,14 @@ def test_parses_sglang_generate_response() -> None:
         (lambda b: b["meta_info"]["output_token_logprobs"][0].__setitem__(1, 5), "is for token 5"),
         (lambda b: b["meta_info"].pop("output_top_logprobs"), "output_top_logprobs"),
         (lambda b: b["meta_info"]["output_top_logprobs"][0][0].__setitem__(0, "x"), "number"),
+        (
+            lambda b: b["meta_info"]["output_token_logprobs"][1].__setitem__(0, float("nan")),
+            r"output_token_logprobs\[1\] logprob is nan",
+        ),
+        (
+            lambda b: b["meta_info"]["output_top_logprobs"][0][1].__setitem__(0, float("inf")),
+            r"output_top_logprobs\[0\]\[1\] logprob is inf",
+        ),
     ],
 )
 def test_malformed_responses_are_named(mutate, message: str) -> None:

@@ -303,3 +303,81 @@ def test_report_comparison_nulls_infinite_gaps_and_keeps_drift() -> None:
     assert model.gap_a is None and model.gap_b == 0.25
     assert (model.drift.count, model.drift.max) == (3, 0.5)
     assert json.loads(model.model_dump_json())["gap_a"] is None
+
+
+def nan_candidate(pid: str):
+    """A result as the replay stored it before NaN logprobs were refused."""
+    nan = replace(generation([1, 2]), token_logprobs=(float("nan"), -0.1))
+    return result(pid, ok(generation([1, 2])), ok(nan))
+
+
+def test_stored_results_are_judged_by_todays_answer_rules() -> None:
+    from kdtree_parity.results import PromptResult
+
+    legacy = nan_candidate("n")
+    assert not legacy.has_error and legacy.candidate is not None  # what was stored
+    read_back = PromptResult.from_json(json.loads(json.dumps(legacy.to_json())))
+    error = read_back.outcomes["candidate"].error
+    assert error is not None and error.kind == "malformed" and "logprob is nan" in error.message
+    assert read_back.candidate is None and read_back.aa is not None
+    assert PromptResult.from_json(exact("e").to_json()) == exact("e")
+
+
+def test_answers_missing_logprobs_are_malformed_when_judged() -> None:
+    from kdtree_parity.results import build_prompt_result
+
+    entry = CorpusEntry(id="x", text="x", line=1)
+    base = generation([1, 2, 3])
+    hidden = replace(base, token_logprobs=(-0.1, float("-inf"), float("-inf")))
+    judged = build_prompt_result(entry, {"baseline": ok(base), "candidate": ok(hidden),
+                                         "aa": ok(hidden)}, 0.05)  # fmt: skip
+    for role in ("candidate", "aa"):
+        error = judged.outcomes[role].error
+        assert error is not None and error.kind == "malformed", role
+        assert "2 of 3 chosen-token logprobs are missing" in error.message
+    assert judged.candidate is None and judged.aa is None and judged.has_error
+    fine = build_prompt_result(entry, {"baseline": ok(base), "candidate": ok(base),
+                                       "aa": ok(base)}, 0.05)  # fmt: skip
+    assert not fine.has_error and fine.candidate is not None and fine.candidate.exact
+
+
+def test_stored_runs_holding_nan_or_an_infinite_threshold_still_report(tmp_path: Path) -> None:
+    """Before: json.dumps(allow_nan=False) raised in every rendering of such a run, so the
+    CLI printed a traceback and the service answered 500."""
+    from fastapi.testclient import TestClient
+
+    from kdtree_parity.policy import LoadedPolicy
+    from kdtree_parity.service import ServiceSettings, create_app
+
+    store = Store(tmp_path / "runs.sqlite3")
+    old_policy = LoadedPolicy(
+        parse_policy(POLICY_TEXT).policy, "old.yaml", "gate:\n  max_logprob_drift_p99: .inf\n"
+    )
+    corpus = parse_corpus(corpus_bytes(["n", "a"]), source="unit.jsonl")
+    targets = Targets("http://127.0.0.1:1", "http://127.0.0.1:2")
+    nan_run = start_run(store, corpus, parse_policy(POLICY_TEXT, "unit.yaml"), targets)
+    inf_run = start_run(store, corpus, old_policy, targets)
+    for run_id in (nan_run, inf_run):
+        store.save_result(run_id, 0, nan_candidate("n"))
+        store.save_result(run_id, 1, exact("a"))
+        store.finish_run(run_id, "error", error="ValueError: Out of range float values ...")
+    nan_report = build_report(store, nan_run)
+    assert json.loads(report_json(nan_report))["summary"]["errors"]["candidate"] == {"malformed": 1}
+    assert nan_report.verdict.status == "fail"  # judged today: a malformed candidate answer
+    inf_report = build_report(store, inf_run)
+    assert inf_report.policy.settings is None
+    assert "old.yaml:2: gate.max_logprob_drift_p99" in (inf_report.policy.refused or "")
+    assert "finite number" in (inf_report.policy.refused or "")
+    assert inf_report.verdict.status == "error"
+    for report in (nan_report, inf_report):
+        json.loads(report_json(report))
+        render_html(report)
+        assert "Stored policy refused" in render_markdown(inf_report)
+    settings = ServiceSettings(token="t", pairs={"default": targets}, corpus="short",
+                               policy="short", db=str(tmp_path / "runs.sqlite3"),
+                               out=str(tmp_path / "out"))  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        for run_id in (nan_run, inf_run):
+            assert client.get(f"/runs/{run_id}/report.json").status_code == 200
+            assert client.get(f"/runs/{run_id}/report.html").status_code == 200
+    store.close()

@@ -26,7 +26,7 @@ from rich.table import Table
 from kdtree_parity.client import url_problem
 from kdtree_parity.config import env_default
 from kdtree_parity.corpus import CorpusError, load_corpus
-from kdtree_parity.policy import PolicyError, load_policy
+from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
 from kdtree_parity.report import build_report, render_html, render_markdown, report_json
 from kdtree_parity.report import write_report_files as write_reports
 from kdtree_parity.report.schema import Report
@@ -110,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(lst)
 
     sub.add_parser("schema", help="print the JSON Schema of report.json")
+
+    pol = sub.add_parser("policy", help="print a policy as the gate reads it")
+    pol.add_argument(
+        "--show",
+        metavar="POLICY",
+        required=True,
+        help="YAML path or default|short: prints every key with its effective value as YAML",
+    )
 
     serve = sub.add_parser(
         "serve", help="run the HTTP service (configuration from the environment)"
@@ -424,6 +432,17 @@ def _cmd_schema(_: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_policy(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_policy(args.show)
+    except PolicyError as exc:
+        console.print(f"[red]{exc}", highlight=False)
+        return 2
+    sys.stdout.write(f"# effective policy of {loaded.source} (sha256 {loaded.sha256})\n")
+    sys.stdout.write(policy_yaml(loaded.policy))
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn  # the service's imports are only paid for by `serve`
 
@@ -447,6 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": _cmd_report,
         "list": _cmd_list,
         "schema": _cmd_schema,
+        "policy": _cmd_policy,
         "serve": _cmd_serve,
     }[args.command]
     return handler(args)

@@ -1,15 +1,21 @@
 """HTTP client for one inference target (SGLang's API): health wait, identity, greedy replay.
 
 Retries, with exponential backoff (``backoff_s * 2**attempt``), happen only where a second try
-can give a different answer: the connection failed or broke, the server said 503 (starting or
-overloaded), or -- if ``retry_on_timeout`` -- the request timed out (greedy /generate is
-idempotent). Any other HTTP status or a malformed body is the target's answer and is recorded.
+can give a different answer: the connection failed or broke, the server or a load balancer in
+front of it said 429 (too many requests), 502 (bad gateway) or 503 (starting or overloaded), or
+-- if ``retry_on_timeout`` -- the request timed out (greedy /generate is idempotent). A
+``Retry-After`` header is honoured: the next try waits at least that long. No wait is longer
+than ``max_retry_delay_s``. When every try failed the last answer is recorded as before: a 503
+as "unavailable", a 429 or 502 as the HTTP error it is. Any other HTTP status or a malformed body
+is the target's answer and is recorded at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -43,6 +49,25 @@ class TargetRefused(TargetUnavailable):
 
 # Health answers that mean "not yet": starting (503), or asked too early / too often.
 _HEALTH_NOT_YET = frozenset({408, 425, 429})
+# /generate answers worth another try: rate limited, a gateway that could not reach the server,
+# a server starting or overloaded.
+RETRY_STATUSES = frozenset({429, 502, 503})
+
+
+def retry_after_s(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date), or None."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def url_problem(url: str) -> str | None:
@@ -136,15 +161,23 @@ class TargetClient:
         except (httpx.HTTPError, ValueError) as exc:
             return {"error": f"/model_info failed: {type(exc).__name__}: {exc}"}
 
+    def retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """The wait before retry ``attempt`` (1, 2, ...): the doubled backoff, or longer if the
+        server asked for longer, never more than ``max_retry_delay_s``."""
+        backoff = self.replay.backoff_s * 2 ** (attempt - 1)
+        return min(self.replay.max_retry_delay_s, max(backoff, retry_after or 0.0))
+
     async def generate(self, body: dict[str, Any]) -> Outcome:
         """POST /generate with retries; never raises for target failures. Hold ``slot``."""
         started = time.monotonic()
         attempts = 0
         error: RequestError | None = None
+        asked_wait: float | None = None  # the last answer's Retry-After
         for attempt in range(self.replay.retries + 1):
             if attempt:
-                await asyncio.sleep(self.replay.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self.retry_delay(attempt, asked_wait))
             attempts += 1
+            asked_wait = None
             try:
                 resp = await self._http.post("/generate", json=body)
             except httpx.TimeoutException as exc:
@@ -156,8 +189,12 @@ class TargetClient:
             except _CONNECTION_ERRORS as exc:
                 error = RequestError("connect", f"{type(exc).__name__}: {exc}")
                 continue
-            if resp.status_code == 503:
-                error = RequestError("unavailable", "HTTP 503", status_code=503)
+            if resp.status_code in RETRY_STATUSES:
+                code = resp.status_code
+                kind = "unavailable" if code == 503 else "http"
+                detail = f": {resp.text[:500]}" if resp.text else ""
+                error = RequestError(kind, f"HTTP {code}{detail}", code)
+                asked_wait = retry_after_s(resp.headers.get("retry-after"))
                 continue
             if resp.status_code != 200:
                 error = RequestError(

@@ -13,7 +13,9 @@ For a pair (a, b) -- baseline vs candidate, or baseline vs its A/A twin -- this 
     divergence at a position where either side reported no top-k;
 * logprob drift: at every position both sides agree on (the common prefix, where both saw the
   same context) ``|logprob_a - logprob_b|`` of the chosen token. It moves with any numerics
-  change long before a greedy choice flips.
+  change long before a greedy choice flips. A position where the baseline reports no logprob
+  (null or -inf) is left out; a candidate that leaves out a logprob the baseline reports gives
+  no drift to measure and is a malformed answer instead (``missing_logprobs``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ class PairComparison:
         return self.finish_a != self.finish_b
 
     @property
+    def finish_mismatch(self) -> bool:
+        """The same tokens, another finish reason: the finish-reason rule's count."""
+        return self.exact and self.finish_differs
+
+    @property
     def drift(self) -> DriftStats:
         return DriftStats.of(self.drift_values)
 
@@ -99,14 +106,41 @@ class PairComparison:
         return cls(**{**data, "drift_values": tuple(data["drift_values"])})
 
 
+def _finite(logprob: float | None) -> bool:
+    return logprob is not None and math.isfinite(logprob)
+
+
 def _drift(a: Generation, b: Generation, upto: int) -> tuple[float, ...]:
     values = []
     for i in range(upto):
         la, lb = a.token_logprobs[i], b.token_logprobs[i]
-        if la is None or lb is None or math.isinf(la) or math.isinf(lb):
-            continue
-        values.append(abs(la - lb))
+        if _finite(la) and _finite(lb):
+            values.append(abs(la - lb))
     return tuple(values)
+
+
+def missing_logprobs(reference: Generation, answer: Generation) -> str | None:
+    """Why ``answer`` is malformed next to ``reference`` (the baseline), or None: at a position
+    where the reference reports its chosen token's logprob, the answer's is null, -inf or NaN
+    (past the reference's end: wherever the reference reported any logprob at all). Such an
+    answer would take its positions out of the drift rule, so it is an error, not a pass."""
+    reports_any = any(_finite(lp) for lp in reference.token_logprobs)
+    missing = [
+        i
+        for i, lp in enumerate(answer.token_logprobs)
+        if not _finite(lp)
+        and (
+            _finite(reference.token_logprobs[i])
+            if i < len(reference.token_logprobs)
+            else reports_any
+        )
+    ]
+    if not missing:
+        return None
+    return (
+        f"{len(missing)} of {len(answer.token_logprobs)} chosen-token logprobs are missing "
+        f"(null, -inf or NaN) where the baseline reports them, first at position {missing[0]}"
+    )
 
 
 def classify_divergence(

@@ -2,8 +2,9 @@
 
 Every rule is evaluated and reported, passing or not, so a verdict always carries all its
 reasons. A rule's failure is either ``fail`` (the candidate is worse than the policy allows) or
-``undecided`` (the run cannot support a decision: incomplete, a baseline or transport error, too
-few prompts, a non-deterministic baseline). Precedence, first match wins:
+``undecided`` (the run cannot support a decision: incomplete, a baseline or transport error, a
+prompt the baseline rejected too, too few prompts, a non-deterministic baseline, drift that could
+not be measured on the baseline). Precedence, first match wins:
 
 1. the candidate answered with errors (an HTTP error, a malformed body, a refused health check)
    beyond ``max_candidate_errors``: ``fail`` -- a broken candidate is the candidate's fault,
@@ -17,7 +18,7 @@ few prompts, a non-deterministic baseline). Precedence, first match wins:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,8 +40,10 @@ class PairSummary:
     near_tie: int = 0
     length_differs: int = 0
     finish_differs: int = 0
+    finish_mismatch: int = 0  # the same tokens, another finish reason
     divergence_positions: tuple[int, ...] = ()
     hard_prompt_ids: tuple[str, ...] = ()
+    finish_mismatch_prompt_ids: tuple[str, ...] = ()
     drift: DriftStats = field(default_factory=DriftStats)
 
     @property
@@ -67,10 +70,12 @@ class PairSummary:
             near_tie=sum(c.divergence_class == "near_tie" for _, c in pairs),
             length_differs=sum(c.length_differs for _, c in pairs),
             finish_differs=sum(c.finish_differs for _, c in pairs),
+            finish_mismatch=sum(c.finish_mismatch for _, c in pairs),
             divergence_positions=tuple(
                 c.first_divergence for _, c in pairs if c.first_divergence is not None
             ),
             hard_prompt_ids=tuple(pid for pid, c in pairs if c.divergence_class == "hard"),
+            finish_mismatch_prompt_ids=tuple(pid for pid, c in pairs if c.finish_mismatch),
             drift=DriftStats.of(drift_values),
         )
 
@@ -82,9 +87,11 @@ class Summary:
     prompts_total: int
     prompts_done: int
     prompts_compared: int
-    errors: dict[str, dict[str, int]]  # role -> error kind -> count
+    errors: dict[str, dict[str, int]]  # role -> error kind -> count (decidable prompts only)
     candidate: PairSummary
     aa: PairSummary
+    # Prompts the baseline itself refused with a 4xx: (prompt id, every target's error).
+    undecidable: tuple[tuple[str, str], ...] = ()
 
     @property
     def excess_divergence_rate(self) -> float:
@@ -98,6 +105,10 @@ class Summary:
     def excess_drift_p99(self) -> float:
         return self.candidate.drift.p99 - self.aa.drift.p99
 
+    @property
+    def excess_finish_mismatch(self) -> int:
+        return self.candidate.finish_mismatch - self.aa.finish_mismatch
+
     def error_count(self, role: str, transport: bool | None = None) -> int:
         return sum(
             n
@@ -106,12 +117,33 @@ class Summary:
         )
 
 
+# Client errors that say "not now" rather than "not this request".
+_NOT_NOW = frozenset({408, 429})
+
+
+def baseline_rejected(result: PromptResult) -> bool:
+    """The baseline refused this very request with a client error (e.g. 400, prompt too long):
+    the prompt cannot decide anything, and whatever the other targets answered is not evidence.
+    A baseline failing with a 5xx is a broken baseline instead (``baseline_errors``)."""
+    error = result.outcomes["baseline"].error
+    code = error.status_code if error is not None and error.kind == "http" else None
+    return code is not None and 400 <= code < 500 and code not in _NOT_NOW
+
+
 def summarize(results: Sequence[PromptResult], prompts_total: int) -> Summary:
     """Aggregate stored prompt results. Only prompts where all three requests succeeded count
-    towards either pair, so the candidate and A/A figures cover the same prompts."""
+    towards either pair, so the candidate and A/A figures cover the same prompts. Errors on a
+    prompt the baseline rejected are not counted against anyone: the prompt is undecidable."""
     errors: dict[str, Counter[str]] = {role: Counter() for role in ROLES}
     complete = []
+    undecidable = []
     for r in results:
+        if baseline_rejected(r):
+            why = "; ".join(
+                f"{role}: {o.error.message}" for role, o in r.outcomes.items() if o.error
+            )
+            undecidable.append((r.entry.id, why))
+            continue
         for role, outcome in r.outcomes.items():
             if outcome.error is not None:
                 errors[role][outcome.error.kind] += 1
@@ -124,6 +156,7 @@ def summarize(results: Sequence[PromptResult], prompts_total: int) -> Summary:
         errors={role: dict(c) for role, c in errors.items()},
         candidate=PairSummary.of([(r.entry.id, r.candidate) for r in complete]),
         aa=PairSummary.of([(r.entry.id, r.aa) for r in complete]),
+        undecidable=tuple(undecidable),
     )
 
 
@@ -190,6 +223,14 @@ def decide(
         f"{baseline_errors} baseline/A-A request error(s) "
         f"{_kinds(summary.errors, ('baseline', 'aa'))}".rstrip(),
     )
+    rule(
+        "undecidable_prompts",
+        not summary.undecidable,
+        "undecided",
+        f"{len(summary.undecidable)} prompt(s) the baseline rejected too cannot decide anything"
+        + "".join(f"; {pid} ({why[:300]})" for pid, why in summary.undecidable[:10])
+        + (" ..." if len(summary.undecidable) > 10 else ""),
+    )
     unreachable = summary.error_count("candidate", transport=True)
     rule(
         "candidate_reachable",
@@ -241,14 +282,53 @@ def decide(
         f"divergence rate {c.divergence_rate:.3f} vs A/A {aa.divergence_rate:.3f}, excess "
         f"{summary.excess_divergence_rate:.3f} (max {gate.max_excess_divergence_rate:g})",
     )
-    compared_rule(
-        "logprob_drift_p99",
-        c,
-        summary.excess_drift_p99 <= gate.max_logprob_drift_p99,
-        f"p99 logprob drift {c.drift.p99:.3g} vs A/A {aa.drift.p99:.3g} nats, excess "
-        f"{summary.excess_drift_p99:.3g} (max {gate.max_logprob_drift_p99:g})",
+    mismatch_ids = ", ".join(c.finish_mismatch_prompt_ids[:20]) + (
+        " ..." if len(c.finish_mismatch_prompt_ids) > 20 else ""
     )
+    compared_rule(
+        "finish_reasons",
+        c,
+        summary.excess_finish_mismatch <= gate.max_finish_mismatches,
+        f"{c.finish_mismatch} prompt(s) with the baseline's tokens but another finish reason vs "
+        f"{aa.finish_mismatch} in A/A, excess {summary.excess_finish_mismatch} "
+        f"(max {gate.max_finish_mismatches})" + (f": {mismatch_ids}" if mismatch_ids else ""),
+    )
+    _drift_rule(rule, summary, gate)
     return Verdict(_status(reasons), tuple(reasons))
+
+
+def _drift_rule(rule: Callable[[str, bool, RuleOutcome, str], None], summary: Summary,
+                gate: GateSettings) -> None:  # fmt: skip
+    """p99 drift in excess of A/A's. Drift measured at no position at all is not a pass: with
+    no position on the A/A pair either, the baseline reports no logprobs to measure against
+    (undecided); with A/A positions but none on the candidate, the candidate agreed with the
+    baseline on no first token (fail; a candidate leaving out logprobs is a malformed answer,
+    counted by candidate_errors before it gets here)."""
+    c, aa = summary.candidate, summary.aa
+    if c.compared == 0:
+        rule("logprob_drift_p99", False, "undecided", "no prompt was compared on every target")
+    elif c.drift.count == 0:
+        rule(
+            "logprob_drift_p99",
+            False,
+            "fail" if aa.drift.count else "undecided",
+            "logprob drift not measured: no position before a first divergence where both the "
+            "baseline and the candidate report the chosen token's logprob"
+            + (
+                f" (A/A: {aa.drift.count})"
+                if aa.drift.count
+                else "; the baseline reports none against its twin either"
+            ),
+        )
+    else:
+        rule(
+            "logprob_drift_p99",
+            summary.excess_drift_p99 <= gate.max_logprob_drift_p99,
+            "fail",
+            f"p99 logprob drift {c.drift.p99:.3g} over {c.drift.count} positions vs A/A "
+            f"{aa.drift.p99:.3g} nats, excess {summary.excess_drift_p99:.3g} "
+            f"(max {gate.max_logprob_drift_p99:g})",
+        )
 
 
 def _status(reasons: list[Reason]) -> VerdictStatus:

@@ -10,11 +10,14 @@ top_logprobs_num: k`` with::
                    "output_top_logprobs": [[[logprob, token_id, text|null], ...] | null, ...]}}
 
 Position ``i`` of both logprob lists describes the distribution that produced ``output_ids[i]``
-(a position whose top-k list came back empty is ``null``). Anything else is a malformed response.
+(a position whose top-k list came back empty is ``null``). Anything else is a malformed response,
+and so is a logprob that is NaN or +inf (a log-probability is at most 0; ``null`` and ``-inf``
+mean "probability 0 / unknown" and are judged against the baseline, see ``compare.py``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +52,17 @@ class Generation:
             return None
         return {t.token_id: t.logprob for t in self.top_logprobs[position]}
 
+    def logprob_problem(self) -> str | None:
+        """Why this generation's logprobs cannot be real (NaN or +inf anywhere), or None."""
+        for i, lp in enumerate(self.token_logprobs):
+            if _impossible(lp):
+                return f"output_token_logprobs[{i}] logprob is {lp}"
+        for i, top in enumerate(self.top_logprobs):
+            for j, t in enumerate(top or ()):
+                if _impossible(t.logprob):
+                    return f"output_top_logprobs[{i}][{j}] logprob is {t.logprob}"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "output_ids": list(self.output_ids),
@@ -75,6 +89,10 @@ class Generation:
             finish_reason=data["finish_reason"],
             text=data.get("text", ""),
         )
+
+
+def _impossible(logprob: float | None) -> bool:
+    return logprob is not None and (math.isnan(logprob) or logprob == math.inf)
 
 
 def _number(value: Any, what: str) -> float:
@@ -140,7 +158,7 @@ def parse_generate_response(body: Any) -> Generation:
             )
         )
     text = body.get("text")
-    return Generation(
+    generation = Generation(
         output_ids=tuple(output_ids),
         token_logprobs=tuple(t.logprob for t in triples),
         top_logprobs=tuple(tops),
@@ -148,3 +166,6 @@ def parse_generate_response(body: Any) -> Generation:
         finish_reason=finish_type,
         text=text if isinstance(text, str) else "",
     )
+    if problem := generation.logprob_problem():
+        raise MalformedResponse(problem)
+    return generation

@@ -1,10 +1,13 @@
 """The gate policy: how to replay, how to compare, and the thresholds of the verdict (YAML).
 
-A policy file has three sections; every key is optional and has the default shown by
-``kdtree-parity policy --show default``. Unknown keys are refused (a typo must not silently
-weaken a gate), and every error names the YAML line it comes from. Two policies ship as package
-data: ``default`` (real models, the default corpus) and ``short`` (the CPU reference engine with
-the short corpus). A policy argument is either a path or one of those names.
+A policy file has three sections; every key is optional, and a key left out takes its value
+from the shipped ``default`` policy (``policies/default.yaml`` is the one source of defaults;
+``kdtree-parity policy --show PATH`` prints what a file amounts to). Loading is strict, because
+a policy that reads differently from what it says weakens the gate silently: unknown keys, a key
+given twice, a value of the wrong type (``true`` or ``'20'`` for a count, ``'no'`` for a flag)
+and non-finite numbers (``.inf``, ``.nan``) are refused, each with the YAML line it comes from.
+Two policies ship as package data: ``default`` (real models, the default corpus) and ``short``
+(the CPU reference engine with the short corpus). A policy argument is a path or one of those.
 """
 
 from __future__ import annotations
@@ -18,7 +21,26 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kdtree_parity.yaml_load import compose_yaml, load_yaml
+
 BUILTIN_POLICIES = ("default", "short")
+
+
+def builtin_policy_path(name: str) -> Path:
+    """Filesystem path of a shipped policy (``default`` or ``short``)."""
+    if name not in BUILTIN_POLICIES:
+        raise PolicyError(name, [(0, f"unknown built-in policy; choose {BUILTIN_POLICIES}")])
+    return Path(str(resources.files("kdtree_parity") / "policies" / f"{name}.yaml"))
+
+
+# Every key's default is its value in the shipped default policy, which sets every key.
+_DEFAULTS: dict[str, dict[str, Any]] = load_yaml(
+    builtin_policy_path("default").read_text(encoding="utf-8")
+)
+
+
+def _default(section: str, key: str) -> Any:
+    return _DEFAULTS[section][key]
 
 
 class PolicyError(ValueError):
@@ -27,29 +49,60 @@ class PolicyError(ValueError):
     def __init__(self, source: str, problems: list[tuple[int, str]]) -> None:
         self.source = source
         self.problems = problems
+        if len(problems) == 1:
+            ((line, message),) = problems
+            super().__init__(f"policy {source}:{line}: {message}")
+            return
         lines = "\n".join(f"  {source}:{line}: {message}" for line, message in problems)
-        super().__init__(f"policy {source} has {len(problems)} problem(s):\n{lines}")
+        super().__init__(f"policy {source} has {len(problems)} problems:\n{lines}")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion (true is not 1, '20' is not 20, 'no' is not false); finite numbers only.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ReplaySettings(_Strict):
     """How the corpus is sent to every target."""
 
-    max_new_tokens: int = Field(64, ge=1, le=32768, description="when an entry sets none")
-    top_logprobs_num: int = Field(5, ge=1, le=100, description="top-k logprobs per position")
-    concurrency: int = Field(4, ge=1, le=256, description="requests in flight per target")
-    timeout_s: float = Field(120.0, gt=0, description="per-request timeout, seconds")
-    retries: int = Field(3, ge=0, le=20, description="extra attempts after a retryable failure")
-    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles every retry")
-    retry_on_timeout: bool = Field(
-        True, description="greedy /generate is idempotent, so a timed-out request is retried"
+    max_new_tokens: int = Field(
+        _default("replay", "max_new_tokens"), ge=1, le=32768, description="when an entry sets none"
     )
-    health_deadline_s: float = Field(600.0, gt=0, description="wait this long for /health")
+    top_logprobs_num: int = Field(
+        _default("replay", "top_logprobs_num"), ge=1, le=100, description="top-k per position"
+    )
+    concurrency: int = Field(
+        _default("replay", "concurrency"), ge=1, le=256, description="requests in flight per target"
+    )
+    timeout_s: float = Field(
+        _default("replay", "timeout_s"), gt=0, description="per-request timeout, seconds"
+    )
+    retries: int = Field(
+        _default("replay", "retries"),
+        ge=0,
+        le=20,
+        description="extra attempts after a retryable failure (connect error, timeout, "
+        "HTTP 429/502/503)",
+    )
+    backoff_s: float = Field(
+        _default("replay", "backoff_s"), ge=0, description="first retry delay; doubles every retry"
+    )
+    max_retry_delay_s: float = Field(
+        _default("replay", "max_retry_delay_s"),
+        ge=0,
+        description="no retry waits longer, neither the doubled backoff nor a Retry-After",
+    )
+    retry_on_timeout: bool = Field(
+        _default("replay", "retry_on_timeout"),
+        description="greedy /generate is idempotent, so a timed-out request is retried",
+    )
+    health_deadline_s: float = Field(
+        _default("replay", "health_deadline_s"), gt=0, description="wait this long for /health"
+    )
     max_consecutive_transport_errors: int = Field(
-        3, ge=1, description="a target failing this many requests in a row ends the run (error)"
+        _default("replay", "max_consecutive_transport_errors"),
+        ge=1,
+        description="a target failing this many requests in a row ends the run (error)",
     )
 
 
@@ -57,7 +110,7 @@ class CompareSettings(_Strict):
     """How two generations of one prompt are compared."""
 
     near_tie_epsilon: float = Field(
-        0.1,
+        _default("compare", "near_tie_epsilon"),
         ge=0,
         description="a first divergence is a near-tie when each side's token is in the other's "
         "top-k and each side's logprob gap between the two tokens is at most this (nats)",
@@ -67,18 +120,39 @@ class CompareSettings(_Strict):
 class GateSettings(_Strict):
     """Thresholds of the verdict. Candidate figures are judged by their excess over A/A."""
 
-    min_prompts: int = Field(20, ge=1, description="prompts compared without error, at least")
-    max_hard_divergences: int = Field(0, ge=0, description="candidate hard minus A/A hard")
-    min_exact_match_rate: float = Field(0.8, ge=0, le=1, description="candidate vs baseline")
+    min_prompts: int = Field(
+        _default("gate", "min_prompts"), ge=1, description="prompts compared without error"
+    )
+    max_hard_divergences: int = Field(
+        _default("gate", "max_hard_divergences"), ge=0, description="candidate hard minus A/A hard"
+    )
+    min_exact_match_rate: float = Field(
+        _default("gate", "min_exact_match_rate"), ge=0, le=1, description="candidate vs baseline"
+    )
     max_excess_divergence_rate: float = Field(
-        0.1, ge=0, le=1, description="candidate divergence rate minus A/A divergence rate"
+        _default("gate", "max_excess_divergence_rate"),
+        ge=0,
+        le=1,
+        description="candidate divergence rate minus A/A divergence rate",
     )
     max_logprob_drift_p99: float = Field(
-        0.1, ge=0, description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)"
+        _default("gate", "max_logprob_drift_p99"),
+        ge=0,
+        description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)",
     )
-    max_candidate_errors: int = Field(0, ge=0, description="requests the candidate refused")
+    max_finish_mismatches: int = Field(
+        _default("gate", "max_finish_mismatches"),
+        ge=0,
+        description="prompts with the baseline's tokens but another finish reason, minus A/A's",
+    )
+    max_candidate_errors: int = Field(
+        _default("gate", "max_candidate_errors"),
+        ge=0,
+        description="candidate answers that were HTTP errors or malformed",
+    )
     allow_aa_divergence: bool = Field(
-        False, description="if false, any A/A difference makes the run undecidable"
+        _default("gate", "allow_aa_divergence"),
+        description="if false, any A/A difference makes the run undecidable",
     )
 
 
@@ -122,8 +196,8 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
 def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     """Validate policy YAML; raises PolicyError with line numbers."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = compose_yaml(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
@@ -146,13 +220,6 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     return LoadedPolicy(policy=policy, source=source, text=text)
 
 
-def builtin_policy_path(name: str) -> Path:
-    """Filesystem path of a shipped policy (``default`` or ``short``)."""
-    if name not in BUILTIN_POLICIES:
-        raise PolicyError(name, [(0, f"unknown built-in policy; choose {BUILTIN_POLICIES}")])
-    return Path(str(resources.files("kdtree_parity") / "policies" / f"{name}.yaml"))
-
-
 def load_policy(spec: str | Path) -> LoadedPolicy:
     """Load a policy from a path, or a shipped one by name (a path wins if it exists)."""
     path = Path(spec)
@@ -167,3 +234,8 @@ def load_policy(spec: str | Path) -> LoadedPolicy:
         line = data[: exc.start].count(b"\n") + 1
         raise PolicyError(str(path), [(line, f"not valid UTF-8: {exc.reason}")]) from None
     return parse_policy(text, source=str(path))
+
+
+def policy_yaml(policy: Policy) -> str:
+    """The effective policy, every key included, as YAML (``kdtree-parity policy --show``)."""
+    return yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False)

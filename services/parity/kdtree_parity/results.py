@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from kdtree_parity.compare import PairComparison
+from kdtree_parity.compare import PairComparison, compare_generations, missing_logprobs
 from kdtree_parity.corpus import CorpusEntry
 from kdtree_parity.generation import Generation
 
@@ -96,7 +96,9 @@ class PromptResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PromptResult:
-        return cls(
+        """A stored result, judged by today's answer rules (``judge_outcomes``): a result stored
+        before a rule existed (e.g. a NaN logprob) reads back as the error it is now."""
+        stored = cls(
             entry=CorpusEntry.from_json(data["entry"], line=data.get("line", 0)),
             outcomes={role: Outcome.from_json(o) for role, o in data["outcomes"].items()},
             candidate=None
@@ -105,3 +107,51 @@ class PromptResult:
             aa=None if data["aa"] is None else PairComparison.from_json(data["aa"]),
             notes=tuple(data.get("notes", ())),
         )
+        judged = judge_outcomes(stored.outcomes)
+        if judged == stored.outcomes:
+            return stored
+        ok = {role: o.generation is not None for role, o in judged.items()}
+        return replace(
+            stored,
+            outcomes=judged,
+            candidate=stored.candidate if ok["baseline"] and ok["candidate"] else None,
+            aa=stored.aa if ok["baseline"] and ok["aa"] else None,
+        )
+
+
+def _malformed(outcome: Outcome, problem: str) -> Outcome:
+    error = RequestError("malformed", problem, status_code=200)
+    return Outcome(None, error, outcome.attempts, outcome.elapsed_s)
+
+
+def judge_outcomes(outcomes: dict[Role, Outcome]) -> dict[Role, Outcome]:
+    """``outcomes`` with every answer that cannot be compared turned into a malformed error: a
+    NaN or +inf logprob anywhere (any role), or a chosen-token logprob the baseline reports and
+    the candidate or the A/A twin does not (``compare.missing_logprobs``)."""
+    judged = dict(outcomes)
+    for role, outcome in outcomes.items():
+        if outcome.generation is not None and (problem := outcome.generation.logprob_problem()):
+            judged[role] = _malformed(outcome, problem)
+    reference = judged["baseline"].generation
+    if reference is not None:
+        for role in ("candidate", "aa"):
+            answer = judged[role].generation
+            if answer is not None and (problem := missing_logprobs(reference, answer)):
+                judged[role] = _malformed(judged[role], problem)
+    return judged
+
+
+def build_prompt_result(
+    entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float
+) -> PromptResult:
+    """Judge one prompt's three answers and compare baseline vs candidate and vs its twin."""
+    judged = judge_outcomes(outcomes)
+    base, cand, twin = (judged[role].generation for role in ROLES)
+    return PromptResult(
+        entry=entry,
+        outcomes=judged,
+        candidate=None
+        if base is None or cand is None
+        else compare_generations(base, cand, epsilon),
+        aa=None if base is None or twin is None else compare_generations(base, twin, epsilon),
+    )

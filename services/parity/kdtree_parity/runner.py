@@ -25,12 +25,11 @@ from kdtree_parity.client import (
     TargetUnavailable,
     build_generate_request,
 )
-from kdtree_parity.compare import compare_generations
 from kdtree_parity.corpus import Corpus, CorpusEntry, parse_corpus
 from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
-from kdtree_parity.results import ROLES, Outcome, PromptResult, Role
+from kdtree_parity.results import ROLES, Outcome, PromptResult, Role, build_prompt_result
 from kdtree_parity.store import VERDICT_TO_STATUS, LeaseLost, RunRecord, Store
 
 log = logging.getLogger("kdtree_parity.runner")
@@ -280,7 +279,9 @@ async def execute_run(
                 if any(a is None for a in answers):
                     return  # the run was stopped; this prompt stays pending for resume
                 outcomes: dict[Role, Outcome] = dict(zip(ROLES, answers, strict=True))
-                result = _compare(entry, outcomes, loaded.policy.compare.near_tie_epsilon)
+                result = build_prompt_result(
+                    entry, outcomes, loaded.policy.compare.near_tie_epsilon
+                )
                 store.save_result(run_id, ordinal, result)
                 counter["done"] += 1
                 if progress:
@@ -391,18 +392,6 @@ async def _heartbeat(
 
 def _log_lost(run_id: str) -> None:
     log.error("run %s: this process lost its lease; stopped without touching the run", run_id)
-
-
-def _compare(entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float) -> PromptResult:
-    base, cand, twin = (outcomes[r].generation for r in ROLES)
-    return PromptResult(
-        entry=entry,
-        outcomes=outcomes,
-        candidate=None
-        if base is None or cand is None
-        else compare_generations(base, cand, epsilon),
-        aa=None if base is None or twin is None else compare_generations(base, twin, epsilon),
-    )
 
 
 def verdict_to_json(verdict: Verdict) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import Targets, corpus_too_small, execute_run, start_run
 from kdtree_parity.store import LeaseLost, PairBusy, RunRecord, Store
+from kdtree_parity.yaml_load import load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
 
@@ -178,7 +179,7 @@ class ServiceSettings:
 def load_pairs(path: Path) -> dict[str, Targets]:
     """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, *_image: label?}``."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigurationError(f"{path}: cannot read the pairs file: {exc}") from None
     if not isinstance(data, dict) or not data:

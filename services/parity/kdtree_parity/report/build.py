@@ -10,7 +10,7 @@ from typing import Any
 
 from kdtree_parity.compare import PairComparison
 from kdtree_parity.gate import decide, summarize
-from kdtree_parity.policy import parse_policy
+from kdtree_parity.policy import Policy, PolicyError, parse_policy
 from kdtree_parity.report.schema import (
     ComparisonModel,
     CorpusModel,
@@ -26,6 +26,7 @@ from kdtree_parity.report.schema import (
     SummaryModel,
     TargetModel,
     TopLogprobModel,
+    UndecidablePromptModel,
     VerdictModel,
 )
 from kdtree_parity.results import ROLES, PromptResult
@@ -121,14 +122,24 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             error=ending.error,
             finished_at=end,
         )
-    loaded = parse_policy(record.policy_text, source=record.policy_source)
+    settings: Policy | None = None
+    refused = None
+    try:
+        settings = parse_policy(record.policy_text, source=record.policy_source).policy
+    except PolicyError as exc:  # stored before a rule that refuses it today existed
+        refused = str(exc)
     results = store.results(run_id)
     summary = summarize(results, record.prompts_total)
     if record.verdict is not None:
         verdict = VerdictModel.model_validate(record.verdict)
+    elif settings is None:
+        verdict = VerdictModel(
+            status="error",
+            reasons=[ReasonModel(rule="policy", outcome="undecided", message=str(refused))],
+        )
     else:
         why = record.error or f"the run is {record.status}"
-        v = decide(summary, loaded.policy.gate, aborted_because=f"{record.status}: {why}")
+        v = decide(summary, settings.gate, aborted_because=f"{record.status}: {why}")
         verdict = VerdictModel(
             status=v.status,
             reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
@@ -158,7 +169,8 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             source=record.policy_source,
             sha256=record.policy_sha256,
             text=record.policy_text,
-            settings=loaded.policy,
+            settings=settings,
+            refused=refused,
         ),
         summary=SummaryModel(
             prompts_total=summary.prompts_total,
@@ -171,7 +183,11 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
                 divergence_rate=summary.excess_divergence_rate,
                 hard=summary.excess_hard,
                 drift_p99=summary.excess_drift_p99,
+                finish_mismatch=summary.excess_finish_mismatch,
             ),
+            undecidable_prompts=[
+                UndecidablePromptModel(id=pid, why=why) for pid, why in summary.undecidable
+            ],
         ),
         prompts=[_prompt(r) for r in results],
         identity_changes=[

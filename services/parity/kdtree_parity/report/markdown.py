@@ -27,6 +27,9 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         f"| {s.aa.hard} / {s.aa.near_tie} | {s.excess.hard} |",
         f"| logprob drift p99 (nats) | {s.candidate.drift.p99:.3g} | {s.aa.drift.p99:.3g} "
         f"| {s.excess.drift_p99:.3g} |",
+        f"| drift positions measured | {s.candidate.drift.count} | {s.aa.drift.count} | |",
+        f"| same tokens, other finish reason | {s.candidate.finish_mismatch} "
+        f"| {s.aa.finish_mismatch} | {s.excess.finish_mismatch} |",
         "",
         "Targets: "
         + ", ".join(f"{t.role} `{t.url}`" for t in report.targets)
@@ -39,7 +42,16 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
             f"⚠️ **Resumed against a changed {change.role}** ({change.at}, accepted by override; "
             f"this run holds results of more than one build): {'; '.join(change.differences)}",
         ]
-    flagged = [p for p in report.prompts if p.status in ("hard", "error", "near_tie")]
+    if report.policy.refused:
+        lines += ["", f"⚠️ **Stored policy refused by today's rules**: {report.policy.refused}"]
+    for u in s.undecidable_prompts:
+        lines += ["", f"⚠️ **Undecidable prompt** `{u.id}` (the baseline rejected it): {u.why}"]
+    flagged = [
+        p
+        for p in report.prompts
+        if p.status in ("hard", "error", "near_tie")
+        or (p.candidate is not None and p.candidate.finish_a != p.candidate.finish_b)
+    ]
     if flagged:
         lines += ["", "| prompt | status | first divergence | reason |", "|---|---|---|---|"]
         for p in flagged[:max_prompts]:

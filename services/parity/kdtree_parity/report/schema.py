@@ -96,8 +96,12 @@ class PairSummaryModel(BaseModel):
     near_tie: int
     length_differs: int
     finish_differs: int
+    finish_mismatch: int = Field(
+        description="prompts with identical tokens but another finish reason (the finish rule)"
+    )
     divergence_positions: list[int]
     hard_prompt_ids: list[str]
+    finish_mismatch_prompt_ids: list[str]
     drift: DriftModel
 
 
@@ -107,16 +111,30 @@ class ExcessModel(BaseModel):
     divergence_rate: float
     hard: int
     drift_p99: float
+    finish_mismatch: int
+
+
+class UndecidablePromptModel(BaseModel):
+    """A prompt the baseline rejected (an HTTP error answer): it cannot decide anything."""
+
+    id: str
+    why: str = Field(description="every target's error on it")
 
 
 class SummaryModel(BaseModel):
     prompts_total: int
     prompts_done: int = Field(description="prompts with a stored result (errored included)")
     prompts_compared: int = Field(description="prompts where every request succeeded")
-    errors: dict[str, dict[str, int]] = Field(description="role -> error kind -> count")
+    errors: dict[str, dict[str, int]] = Field(
+        description="role -> error kind -> count, over the prompts that are not undecidable"
+    )
     candidate: PairSummaryModel
     aa: PairSummaryModel
     excess: ExcessModel
+    undecidable_prompts: list[UndecidablePromptModel] = Field(
+        default_factory=list,
+        description="prompts the baseline rejected too; their errors count against no target",
+    )
 
 
 class ReasonModel(BaseModel):
@@ -170,7 +188,14 @@ class PolicyModel(BaseModel):
     source: str
     sha256: str
     text: str
-    settings: Policy
+    settings: Policy | None = Field(
+        description="the effective policy; null when today's policy rules refuse the stored text"
+    )
+    refused: str | None = Field(
+        None,
+        description="why today's policy rules refuse the stored text (a run's verdict "
+        "then stands as it was stored)",
+    )
 
 
 class Report(BaseModel):
