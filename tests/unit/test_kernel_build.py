@@ -23,6 +23,11 @@ KERNELS = {
     "attention_kernel<fp16>",
     "attention_kernel<bf16,fp8kv>",  # an fp8 (float8_e4m3fn) KV pool
     "attention_kernel<fp16,fp8kv>",
+    # the fp8 pool with SGLang's roundings, and its row-max pass
+    "attention_kernel<bf16,fp8kv,triton>",
+    "attention_kernel<fp16,fp8kv,triton>",
+    "attention_kernel<bf16,fp8kv,triton_rowmax>",
+    "attention_kernel<fp16,fp8kv,triton_rowmax>",
     # the combine in both batch sizes (kCombineBatchNarrow, kCombineBatchWide); the host picks one
     "combine_kernel<bf16,4>",
     "combine_kernel<fp16,4>",
