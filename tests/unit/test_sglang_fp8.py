@@ -24,7 +24,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
 from kdtree_inference.sglang import testing
 from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
-from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
+from kdtree_inference.sglang.modes import FP8_POOL_ATOL, VerifyMode, VerifySettings
 from kdtree_verify import verify_attention, verify_attention_reference
 
 FP8 = torch.float8_e4m3fn
@@ -152,6 +152,13 @@ def test_validate_mode_serves_triton_and_compares_the_kernel():
         "kdtree_verify_fallbacks_total", {"tp_rank": "0", "reason": "fp8_kv"}
     )
     assert not fallbacks
+
+
+def test_validate_over_an_fp8_pool_takes_the_fp8_tolerance():
+    _, backend, _, _ = ours(VerifyMode.VALIDATE, scaled_layer())
+    assert backend.kdtree_settings.atol == FP8_POOL_ATOL
+    assert backend.kdtree_recorder.atol == FP8_POOL_ATOL
+    assert all(r.atol == FP8_POOL_ATOL for r in backend.kdtree_exact_recorders.values())
 
 
 def test_off_mode_is_stock_with_an_fp8_pool():

@@ -2,7 +2,14 @@
 
 import pytest
 
-from kdtree_inference.sglang.modes import SettingsError, VerifyMode, VerifySettings, parse_mode
+from kdtree_inference.sglang.modes import (
+    BF16_POOL_ATOL,
+    FP8_POOL_ATOL,
+    SettingsError,
+    VerifyMode,
+    VerifySettings,
+    parse_mode,
+)
 
 
 def test_defaults_are_off_and_documented_values():
@@ -10,8 +17,18 @@ def test_defaults_are_off_and_documented_values():
     assert settings == VerifySettings()
     assert settings.mode is VerifyMode.OFF
     assert (settings.validate_every, settings.shadow_every) == (100, 0)
-    assert (settings.atol, settings.rtol, settings.shadow_error_streak) == (0.02, 0.02, 3)
+    assert (settings.atol, settings.rtol, settings.shadow_error_streak) == (None, 0.02, 3)
     assert not settings.compares and not settings.needs_kernel
+
+
+def test_atol_defaults_by_the_pool_dtype_and_a_configured_one_wins():
+    assert VerifySettings().resolved_for_pool(fp8_pool=False).atol == BF16_POOL_ATOL == 0.02
+    assert VerifySettings().resolved_for_pool(fp8_pool=True).atol == FP8_POOL_ATOL == 0.125
+    configured = VerifySettings.from_env({"KDTREE_VERIFY_ATOL": "0.05"})
+    assert configured.resolved_for_pool(fp8_pool=True).atol == 0.05
+    assert "atol=by pool dtype" in VerifySettings(VerifyMode.VALIDATE).describe()
+    resolved = VerifySettings(VerifyMode.VALIDATE).resolved_for_pool(fp8_pool=True)
+    assert "atol=0.125" in resolved.describe()
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         registry: Any | None = None,
     ) -> None:
         """Our state, set up after the parent's ``__init__``."""
-        self.kdtree_settings = settings = settings or VerifySettings.from_env()
+        settings = settings or VerifySettings.from_env()
+        self.kdtree_settings = settings = settings.resolved_for_pool(
+            self.token_to_kv_pool.dtype == FP8_KV_DTYPE
+        )
         self.kdtree_device = torch.device(self.device)
         is_draft = bool(getattr(model_runner, "is_draft_worker", False))
         self.kdtree_role = "draft_extend" if is_draft else "target_verify"

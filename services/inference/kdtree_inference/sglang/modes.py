@@ -8,8 +8,10 @@ KDTREE_VERIFY               off       off: stock SGLang; validate: run both, ser
 KDTREE_VALIDATE_EVERY       100       publish the comparison statistics every N verify steps
 KDTREE_SHADOW_EVERY         0         on mode: also run Triton and compare on every Nth verify step
                                       (0 = never)
-KDTREE_VERIFY_ATOL          0.02      an element is over tolerance when |kernel - triton| >
-KDTREE_VERIFY_RTOL          0.02      atol + rtol * |triton|
+KDTREE_VERIFY_ATOL          by pool   an element is over tolerance when |kernel - triton| >
+                                      atol + rtol * |triton|; atol 0.02 on a bf16 pool, 0.125
+                                      on an fp8 pool (one e4m3 step of an attention weight)
+KDTREE_VERIFY_RTOL          0.02
 KDTREE_SHADOW_ERROR_STREAK  3         on mode: this many consecutive published windows over
                                       tolerance log an error and count one shadow error
 KDTREE_DRAFT_EXTEND         on        on: EAGLE's draft-extend forward follows KDTREE_VERIFY too
@@ -22,6 +24,7 @@ KDTREE_FP8_NUMERICS         triton    fp8 KV pool: triton rounds q and P to e4m3
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 from collections.abc import Mapping
@@ -53,7 +56,7 @@ def _read_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> 
     return value
 
 
-def _read_float(env: Mapping[str, str], name: str, default: float) -> float:
+def _read_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -94,16 +97,31 @@ def parse_mode(raw: str | None) -> VerifyMode:
         raise SettingsError(f"KDTREE_VERIFY={raw!r}: expected one of {allowed}") from None
 
 
+BF16_POOL_ATOL = 0.02
+"""One bf16 step of an O(1) attention output, and some room: the kernel and Triton differ there."""
+
+FP8_POOL_ATOL = 0.125
+"""With an fp8 pool both sides round P to e4m3 (fp8_numerics="triton"); a weight whose fp32 score
+sums in another order lands on the other side of a rounding boundary and moves the output by one
+e4m3 step of that weight (2^-4 below 1) times its value row (|v| up to about 2 here)."""
+
+
 @dataclass(frozen=True)
 class VerifySettings:
     mode: VerifyMode = VerifyMode.OFF
     validate_every: int = 100
     shadow_every: int = 0
-    atol: float = 0.02
+    atol: float | None = None  # None: by the KV pool's dtype (resolved_for_pool)
     rtol: float = 0.02
     shadow_error_streak: int = 3
     draft_extend: bool = True
     fp8_numerics: str = "triton"
+
+    def resolved_for_pool(self, fp8_pool: bool) -> VerifySettings:
+        """These settings with ``atol`` fixed: the configured one, or the pool dtype's default."""
+        if self.atol is not None:
+            return self
+        return dataclasses.replace(self, atol=FP8_POOL_ATOL if fp8_pool else BF16_POOL_ATOL)
 
     @property
     def compares(self) -> bool:
@@ -138,7 +156,8 @@ class VerifySettings:
         parts = [f"KDTREE_VERIFY={self.mode.value}"]
         if self.compares:
             parts.append(f"publish every {self.validate_every} verify steps")
-            parts.append(f"tolerance atol={self.atol:g} rtol={self.rtol:g}")
+            atol = "by pool dtype" if self.atol is None else f"{self.atol:g}"
+            parts.append(f"tolerance atol={atol} rtol={self.rtol:g}")
         if self.mode is VerifyMode.ON:
             parts.append(
                 f"shadow every {self.shadow_every} steps" if self.shadow_every else "no shadow"

@@ -279,7 +279,7 @@ class VerifyTelemetry:
         if shadow_error:
             logger.error(
                 "%s; the kdtree kernel disagreed with Triton beyond tolerance in %d consecutive "
-                "windows (atol=%g rtol=%g)",
+                "windows (atol=%s rtol=%g)",
                 line,
                 self._over_streak,
                 self.settings.atol,
