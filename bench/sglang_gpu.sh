@@ -35,6 +35,10 @@ say "installing kdtree-verify, kdtree-inference, kdtree-parity from this tree"
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" \
   ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
+# The payload has no FlashInfer, which DFlash's sampling verify needs: bench/without_flashinfer.
+if ! python3 -c 'import flashinfer' 2>/dev/null; then
+  export PYTHONPATH=$PWD/bench/without_flashinfer:$PYTHONPATH
+fi
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # The payload's Rust radix-tree core is built for torch 2.14 and panics on 2.11: use the Python one.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
