@@ -30,6 +30,7 @@ cache) that one command measures; every record names it (``spec``, ``kv_dtype``,
 
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python bench/sglang_e2e.py --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
+                               [--shapes 1x1024,1x131072,8x32768,...]
         [--repeats 3] [--spec eagle|dflash --draft DIR] [--kv-dtype bf16|fp8]
 """
 
@@ -67,6 +68,24 @@ KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 """--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
 SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
 """Per-repetition values a record reports as median (the plain name), ``_min`` and ``_max``."""
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``BxP,...`` (batch x prompt tokens) -> [(prompt_len, batch), ...] in the order given."""
+    shapes = []
+    for item in (v.strip() for v in text.split(",") if v.strip()):
+        try:
+            batch, prompt_len = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected BxP items like 1x131072, got {item!r}"
+            ) from None
+        if batch < 1 or prompt_len < 1:
+            raise argparse.ArgumentTypeError(f"expected positive sizes, got {item!r}")
+        shapes.append((prompt_len, batch))
+    if not shapes:
+        raise argparse.ArgumentTypeError("expected at least one BxP shape")
+    return shapes
 
 
 def parse_ints(text: str) -> list[int]:
@@ -264,7 +283,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
-        shapes = [(p, b) for p in args.prompt_lens for b in args.batches]
+        shapes = args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
         for index, (prompt_len, batch) in enumerate(shapes):
             prompts = random_prompts(
                 batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
@@ -372,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="logs and speed.json go here")
     parser.add_argument("--batches", type=parse_ints, default=[1, 8])
     parser.add_argument("--prompt-lens", type=parse_ints, default=[1024, 8192, 32768])
+    parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=None,
+        help="BxP,... (batch x prompt tokens), in this order, instead of --batches x --prompt-lens",
+    )
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per shape")
     parser.add_argument(

@@ -17,6 +17,9 @@
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
+# The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV):
+#   SPEED_ARGS="--shapes 1x1024,1x8192,1x32768,8x1024,8x8192,8x32768,32x1024,32x8192 --graph-max-bs 32"
+#   SPEED_ARGS="--shapes 1x1024,1x128000 --graph-max-bs 1"            (kimi-rank: also 1x200000)
 set -euo pipefail
 : "${OUT:?set OUT to the output directory}"
 cd "$(dirname "$0")/.."

@@ -3,6 +3,7 @@ type for each configuration, the metrics parsing, and the refusals of bad argume
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -198,3 +199,17 @@ def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
     flags = specs[0].flags(30004)
     assert flags[flags.index("--cuda-graph-backend-decode") + 1] == "disabled"
     assert "--cuda-graph-max-bs-decode" not in flags
+
+
+def test_shapes_are_batch_by_prompt_in_the_given_order() -> None:
+    args = sglang_e2e.build_parser().parse_args(
+        ["--model", "/m", "--out", "/o", "--shapes", "1x1024, 1x128000,8X32768"]
+    )
+    assert args.shapes == [(1024, 1), (128000, 1), (32768, 8)]
+    assert sglang_e2e.build_parser().parse_args(["--model", "/m", "--out", "/o"]).shapes is None
+
+
+@pytest.mark.parametrize("bad", ["1x", "x8", "0x1024", "8x-1", "eight", ","])
+def test_malformed_shapes_are_refused(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        sglang_e2e.parse_shapes(bad)
