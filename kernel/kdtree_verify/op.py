@@ -294,7 +294,7 @@ def verify_attention(
     v_scale: float = 1.0,
     fp8_numerics: str = "fp16",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """MLA tree-verify attention in SGLang's target-verify layout (see README, "The verify op").
+    """MLA tree-verify attention in SGLang's target-verify layout (docs/kernel.md, "The interface").
 
     Returns out [T_total, H, 512] in q's dtype, and with ``return_lse`` the natural-log LSE
     [T_total, H] float32. ``check_values`` adds the validation that reads tensor contents (a host

@@ -81,7 +81,8 @@ def cuda_extension_status(device: torch.device | None = None) -> ExtensionStatus
         return ExtensionStatus(
             False,
             f"the kdtree CUDA kernel failed on this GPU ({arch}): {type(error).__name__}: "
-            f"{error}. Build the extension for {arch} (see README, 'The kernel').",
+            f"{error}. Build the extension for {arch}: make kernel with KDTREE_CUDA_ARCHS "
+            "(docs/kernel.md, 'Correctness and build').",
         )
     expected = verify_attention_reference(*args)
     error = (out.float() - expected.float()).abs().max().item()

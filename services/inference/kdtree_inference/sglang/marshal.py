@@ -1,7 +1,7 @@
 """SGLang's target-verify metadata -> the verify kernel's inputs, once per forward.
 
-The kernel takes SGLang's own layout (README, "The verify op"), so no metadata is copied: the
-inputs are references to the tensors SGLang's Triton backend keeps in ``forward_metadata``.
+The kernel takes SGLang's own layout (docs/kernel.md, "The interface"), so no metadata is
+copied: the inputs are references to the tensors SGLang's Triton backend keeps in ``forward_metadata``.
 Under CUDA graphs those are SGLang's static capture buffers (``kv_indptr``,
 ``cuda_graph_kv_indices``, ``qo_indptr``, the uint8 verify-mask buffer, ``mask_indptr``), which
 ``init_forward_metadata_out_graph`` refreshes before every replay.
