@@ -9,6 +9,7 @@ is assembled from stand-ins is described in ``kdtree_inference.sglang.testing``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -126,6 +127,14 @@ def test_off_is_stock_bit_for_bit():
     assert metric(pair.registry, "kdtree_verify_mode", mode="off") == 1
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
     assert metric(pair.registry, "kdtree_verify_steps_total") == 0
+
+
+def test_a_mode_the_backend_does_not_know_is_refused_not_served_as_on():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON))
+    pair.ours.kdtree_settings = dataclasses.replace(pair.ours.kdtree_settings, mode="shadow")
+    with pytest.raises(AssertionError, match="shadow"):
+        pair.eager_step()
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 0
 
 
 @pytest.mark.parametrize("mask", ["tree", "chain", "causal"])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import Any, assert_never
 
 import torch
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -421,9 +421,16 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return super().forward_extend(
                 q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod, aux_tensors
             )
-        if self.kdtree_settings.mode is VerifyMode.VALIDATE:
-            return self._kdtree_validate(q, k, v, layer, forward_batch, save_kv_cache)
-        return self._kdtree_serve(q, k, v, layer, forward_batch, save_kv_cache)
+        mode = self.kdtree_settings.mode
+        match mode:
+            case VerifyMode.VALIDATE:
+                return self._kdtree_validate(q, k, v, layer, forward_batch, save_kv_cache)
+            case VerifyMode.ON:
+                return self._kdtree_serve(q, k, v, layer, forward_batch, save_kv_cache)
+            case VerifyMode.OFF:  # not reached: an off backend serves nothing (_kdtree_serves)
+                return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+            case _:
+                assert_never(mode)
 
     def _kdtree_validate(self, q, k, v, layer, forward_batch, save_kv_cache):
         served = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
