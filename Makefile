@@ -15,10 +15,9 @@ setup: $(VENV)/.setup-done
 $(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml
 	VENV=$(VENV) scripts/setup_venv.sh
 
-## lint: ruff over the whole tree
+## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
 lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
 ## test: lint, then every CPU test (GPU tests in tests/gpu skip without CUDA)
 test: lint

@@ -95,6 +95,7 @@ case $cmd in
       suffix=$([[ $passes -gt 1 ]] && echo ".$pass")
       results=()
       for name in "${built[@]}"; do
+        # shellcheck disable=SC2086  # AB_BENCH_ARGS is a list of arguments
         with_variant "$name" python3 bench/kernel_bench.py --kdtree-only ${AB_BENCH_ARGS:-} \
           --out "$OUT/$name$suffix.json" >"$OUT/$name$suffix.bench.log" 2>&1
         rc=$((rc | $?))

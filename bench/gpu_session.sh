@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "
 python3 -m kdtree_verify._build 2>&1 | tail -5 | tee "$OUT/build.log" || exit 1
 if [[ $what == all || $what == test ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu -o addopts="" -rs --durations=10 2>&1 | tee "$OUT/test.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == all || $what == sanitize ]]; then
   # memcheck: out-of-bounds and misaligned accesses; synccheck: barrier misuse; racecheck:
@@ -36,39 +36,39 @@ if [[ $what == all || $what == sanitize ]]; then
   for tool in memcheck synccheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py 2>&1 \
       | tail -30 | tee "$OUT/sanitize_$tool.log"
-    rc=$((rc | ${PIPESTATUS[0]}))
+    rc=$((rc | PIPESTATUS[0]))
   done
 fi
 if [[ $what == all || $what == bench ]]; then
   python3 bench/kernel_bench.py --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == quick ]]; then
   python3 bench/kernel_bench.py --quick --out "$OUT/quick.json" 2>&1 | tee "$OUT/bench_quick.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == serving ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_backend_gpu.py tests/gpu/test_engine_gpu.py -o addopts="" --durations=10 2>&1 | tee "$OUT/serving_test.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
   python3 bench/layer_bench.py --out "$OUT/layer_h200.json" 2>&1 | tee "$OUT/layer_bench.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
   python3 -m kdtree_inference.engine.gpu_parity --prompts 100 --out "$OUT/engine_gpu_parity.json" 2>&1 | tee "$OUT/engine_gpu_parity.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == tune ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_kernel.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
   python3 bench/kernel_bench.py --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == fp8 ]]; then
   timeout 220 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py tests/gpu/test_backend_fp8_gpu.py -o addopts="" -rs --durations=15 2>&1 | tee "$OUT/test_kernel.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
   timeout 80 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 \
     | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
   timeout 140 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
-  rc=$((rc | ${PIPESTATUS[0]}))
+  rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == profile || $what == tune ]]; then
   for shape in "1 8 8 32768" "1 128 16 32768"; do
