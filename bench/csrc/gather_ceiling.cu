@@ -18,9 +18,9 @@
 
 namespace {
 
-constexpr int kRows = 32;          // KV rows per tile
-constexpr int kRowBytes = 1152;    // 576 bf16
-constexpr int kPaddedRow = 1168;   // bulk copies cannot swizzle: pad so ldmatrix rows differ in bank
+constexpr int kRows = 32;         // KV rows per tile
+constexpr int kRowBytes = 1152;   // 576 bf16
+constexpr int kPaddedRow = 1168;  // bulk copies cannot swizzle: pad so ldmatrix rows differ in bank
 constexpr int kThreads = 256;
 constexpr int kStageBytes = kRows * kPaddedRow;  // the larger of the two layouts
 constexpr int kTileBytes = kRows * kRowBytes;
@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp(method == 1 ? 0xffffffffu : 1u);
         for (int r = tid; r < kRows; r += lanes)
           bulk_copy(dst + r * kPaddedRow,
-                    pool + static_cast<int64_t>(my_idx[t * kRows + r]) * kRowBytes, kRowBytes,
-                    bar);
+                    pool + static_cast<int64_t>(my_idx[t * kRows + r]) * kRowBytes, kRowBytes, bar);
       }
     }
   };

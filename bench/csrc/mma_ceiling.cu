@@ -126,12 +126,9 @@ extern "C" float mma_ceiling_ms(int variant, int blocks, int threads, int iters,
   const cudaError_t alloc = cudaMalloc(&out, 4096 * sizeof(float));
   if (alloc != cudaSuccess) return -static_cast<float>(alloc);
   auto launch = [&] {
-    if (variant == 0)
-      mma_registers<<<blocks, threads>>>(out, iters);
-    else if (variant == 1)
-      mma_ldmatrix<<<blocks, threads>>>(out, iters);
-    else
-      mma_registers_fp8<<<blocks, threads>>>(out, iters);
+    if (variant == 0) mma_registers<<<blocks, threads>>>(out, iters);
+    else if (variant == 1) mma_ldmatrix<<<blocks, threads>>>(out, iters);
+    else mma_registers_fp8<<<blocks, threads>>>(out, iters);
   };
   launch();  // warm-up
   cudaEvent_t start, stop;

@@ -99,9 +99,9 @@ void check_fp8_pool(const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
   TORCH_CHECK(k_buf.is_cuda() && v_buf.is_cuda(), "k_buffer and v_buffer must be CUDA tensors");
   TORCH_CHECK(v_buf.scalar_type() == at::ScalarType::Float8_e4m3fn,
               "v_buffer must be float8_e4m3fn like k_buffer");
-  TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == 1 && k_buf.size(2) == kHeadDimQK &&
-                  k_buf.stride(2) == 1,
-              "k_buffer must be [*, 1, 576] contiguous in its last dimension");
+  TORCH_CHECK(
+      k_buf.dim() == 3 && k_buf.size(1) == 1 && k_buf.size(2) == kHeadDimQK && k_buf.stride(2) == 1,
+      "k_buffer must be [*, 1, 576] contiguous in its last dimension");
   TORCH_CHECK(v_buf.dim() == 3 && v_buf.size(1) == 1 && v_buf.size(2) == kHeadDimV,
               "v_buffer must be [*, 1, 512]");
   TORCH_CHECK(k_buf.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(k_buf.data_ptr()) % 8 == 0,
@@ -112,11 +112,11 @@ void check_fp8_pool(const torch::Tensor& k_buf, const torch::Tensor& v_buf) {
 }
 
 void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Tensor& v_ext,
-            const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-            const torch::Tensor& kv_indices, const std::optional<torch::Tensor>& mask,
-            torch::Tensor& out, torch::Tensor& lse, const torch::Tensor& workspace,
-            const std::vector<int64_t>& offsets, double sm_scale, int64_t batch, int64_t slots,
-            int64_t max_splits, double k_scale, double v_scale, bool fp8_triton) {
+            const torch::Tensor& k_buf, const torch::Tensor& v_buf, const torch::Tensor& kv_indices,
+            const std::optional<torch::Tensor>& mask, torch::Tensor& out, torch::Tensor& lse,
+            const torch::Tensor& workspace, const std::vector<int64_t>& offsets, double sm_scale,
+            int64_t batch, int64_t slots, int64_t max_splits, double k_scale, double v_scale,
+            bool fp8_triton) {
   const c10::cuda::CUDAGuard guard(q.device());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");

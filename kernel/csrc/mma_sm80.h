@@ -13,10 +13,10 @@
 namespace kdtree {
 
 // D += A B for one m16n8k16 tile with fp32 accumulation; TYPE is the PTX type of A and B.
-#define KDTREE_MMA_M16N8K16(TYPE, c, a, b0, b1)                                            \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                       \
-               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"              \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                              \
+#define KDTREE_MMA_M16N8K16(TYPE, c, a, b0, b1)                               \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE         \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])               \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
 // Element-type operations of the kernels: Elem is __nv_bfloat16 or __half.
@@ -28,10 +28,8 @@ struct ElemOps {
   // Two floats rounded to Elem, packed as one 32-bit MMA operand register.
   static __device__ __forceinline__ uint32_t pack(float a, float b) {
     const auto v = [&] {
-      if constexpr (kBF16)
-        return __floats2bfloat162_rn(a, b);
-      else
-        return __floats2half2_rn(a, b);
+      if constexpr (kBF16) return __floats2bfloat162_rn(a, b);
+      else return __floats2half2_rn(a, b);
     }();
     uint32_t bits;
     memcpy(&bits, &v, sizeof(bits));
@@ -39,10 +37,8 @@ struct ElemOps {
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-    if constexpr (kBF16)
-      KDTREE_MMA_M16N8K16("bf16", c, a, b0, b1);
-    else
-      KDTREE_MMA_M16N8K16("f16", c, a, b0, b1);
+    if constexpr (kBF16) KDTREE_MMA_M16N8K16("bf16", c, a, b0, b1);
+    else KDTREE_MMA_M16N8K16("f16", c, a, b0, b1);
   }
 };
 

@@ -6,7 +6,7 @@ namespace kdtree {
 
 constexpr int kHeadDimQK = 576;  // 512 latent + 64 rope
 constexpr int kHeadDimV = 512;   // V = first 512 columns of the latent KV row
-constexpr int kBlockM = 32;  // query rows (draft token x head) per CTA: two m16 MMA tiles
+constexpr int kBlockM = 32;      // query rows (draft token x head) per CTA: two m16 MMA tiles
 constexpr int kMTiles = kBlockM / 16;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;

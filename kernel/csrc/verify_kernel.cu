@@ -181,8 +181,8 @@ __device__ __forceinline__ int64_t count_ctas(const VerifyParams& p, int64_t chu
 // kdtree_verify.plan.split_chunk is the same rule on the host.
 __device__ __forceinline__ int64_t one_wave_chunk(const VerifyParams& p, int64_t chunk,
                                                   int64_t target, int64_t total_tiles,
-                                                  int64_t total_work, int64_t max_len,
-                                                  int b_begin, int b_end) {
+                                                  int64_t total_work, int64_t max_len, int b_begin,
+                                                  int b_end) {
   if (total_tiles == 0 || total_tiles > target) return chunk;
   int parity = 0;
   if (count_ctas(p, chunk, b_begin, b_end, parity ^= 1) <= target) return chunk;
@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const VerifyParams p
       tiles = (n * H + kBlockM - 1) / kBlockM;
       const int64_t len = L + n;
       m.kv_start = load_index(p.kv_indptr, p.kv_indptr_64, b);
-      m.mask_start = p.mask_indptr != nullptr ? load_index(p.mask_indptr, p.mask_indptr_64, b)
-                                              : mask_pos;
+      m.mask_start =
+          p.mask_indptr != nullptr ? load_index(p.mask_indptr, p.mask_indptr_64, b) : mask_pos;
       m.qo_start = static_cast<int32_t>(load_index(p.qo_indptr, p.qo_indptr_64, b));
       m.num_q = static_cast<int32_t>(n);
       m.prefix_len = static_cast<int32_t>(L);
@@ -585,10 +585,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk)
-        ldmatrix_x4(qf[mi][kk],
-                    smem_base + kKvStageBytes +
-                        kv_offset(mi * 16 + (lane & 15),
-                                  (quarter * kQkSlice + kk * 16) / 8 + (lane >> 4)));
+        ldmatrix_x4(qf[mi][kk], smem_base + kKvStageBytes +
+                                    kv_offset(mi * 16 + (lane & 15),
+                                              (quarter * kQkSlice + kk * 16) / 8 + (lane >> 4)));
     // (iteration 0's barrier orders these reads before tile 1's copies into stage 1)
   }
   // Q straight from global memory into the fragment layout, converted to the MMA type.
@@ -640,10 +639,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   float4* xch = reinterpret_cast<float4*>(smem + kXchOffset);
   const uint32_t p_smem = smem_base + kPOffset;
   float* row_stat = reinterpret_cast<float*>(smem + kRowStatOffset);  // [kBlockM][kPiecesPerRow]
-  const int piece = half * 2 + piece_nt;                               // this warp's stat column
+  const int piece = half * 2 + piece_nt;                              // this warp's stat column
   // The piece's rows (r = piece_mi * 2 + h), selected without runtime array indexing (which
   // would put the arrays in local memory).
-  auto piece_of = [&](const auto (&v)[4], int h) { return piece_mi ? v[2 + h] : v[h]; };
+  auto piece_of = [&](const auto(&v)[4], int h) { return piece_mi ? v[2 + h] : v[h]; };
   int piece_row_t[2];
   bool piece_row_valid[2];
   const uint8_t* mask_row[2];
@@ -663,7 +662,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
     for (int nt = 0; nt < kVTiles; ++nt)
       o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
   float m_run[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // log2 domain, scaled scores
-  float l_run[2] = {0.f, 0.f};  // piece rows, this thread's share
+  float l_run[2] = {0.f, 0.f};                                    // piece rows, this thread's share
   if constexpr (kNum == Fp8Numerics::kTriton) {
     if (split > 0) {
       // Start from the running max of every earlier split (the kTritonRowMax pass's), so that P
@@ -674,15 +673,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
       const int row = tid % kBlockM, part = tid / kBlockM;
       float mx = neg_inf();
       for (int s2 = part; s2 < split; s2 += kParts)
-        mx = fmaxf(mx, p.row_max[(static_cast<int64_t>(s2) * p.num_tile_slots + slot) * kBlockM +
-                                 row]);
+        mx = fmaxf(mx,
+                   p.row_max[(static_cast<int64_t>(s2) * p.num_tile_slots + slot) * kBlockM + row]);
       scratch[part * kBlockM + row] = mx;
       __syncthreads();
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row_local = (r >> 1) * 16 + (lane >> 2) + 8 * (r & 1);
 #pragma unroll
-        for (int k = 0; k < kParts; ++k) m_run[r] = fmaxf(m_run[r], scratch[k * kBlockM + row_local]);
+        for (int k = 0; k < kParts; ++k)
+          m_run[r] = fmaxf(m_run[r], scratch[k * kBlockM + row_local]);
       }
     }
   }
@@ -761,8 +761,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
               make_float4(s[mi][n][0], s[mi][n][1], s[mi][n][2], s[mi][n][3]);
     // (selected without runtime array indexing, which would put s in local memory)
     const auto own_element = [&](int e) {
-      return quarter == 0 ? s[0][0][e] : quarter == 1 ? s[0][1][e] : quarter == 2 ? s[1][0][e]
-                                                                                  : s[1][1][e];
+      return quarter == 0   ? s[0][0][e]
+             : quarter == 1 ? s[0][1][e]
+             : quarter == 2 ? s[1][0][e]
+                            : s[1][1][e];
     };
     const float4 own = make_float4(own_element(0), own_element(1), own_element(2), own_element(3));
     named_barrier(1 + half, kDimSplits * 32);
@@ -849,8 +851,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         // (the draft's P to q's dtype: bf16 here; fp16 q is rounded by the fp16 pack itself)
         return prefix_col[e] ? round_e4m3(pv[e]) * vf[e]
                              : (ElemOps<Elem>::kBF16 ? round_bf16(pv[e]) : pv[e]);
-      else
-        return pv[e] * vf[e];
+      else return pv[e] * vf[e];
     };
     auto store_p = [&]() {
 #pragma unroll
@@ -1061,7 +1062,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Verif
   const int64_t tok = meta.qo_start + t;
   wait_for_prerequisite_grid();  // the partials and LSEs of the attention kernel
 
-  auto load_batch = [&](int s0, float4 (&v)[kBatch][4]) {
+  auto load_batch = [&](int s0, float4(&v)[kBatch][4]) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int s = s0 + u * kCombineWarps;
@@ -1198,8 +1199,8 @@ void prepare_attention_kernel() {
 template <typename Elem, bool kFp8Kv, Fp8Numerics kNum = Fp8Numerics::kFp16Operands>
 void launch_attention_t(const VerifyParams& p, cudaStream_t stream) {
   prepare_attention_kernel<Elem, kFp8Kv, kNum>();
-  launch_maybe_dependent(attention_kernel<Elem, kFp8Kv, kNum>,
-                         dim3(p.num_tile_slots, p.max_splits), kThreads, kSmemBytes, stream, p);
+  launch_maybe_dependent(attention_kernel<Elem, kFp8Kv, kNum>, dim3(p.num_tile_slots, p.max_splits),
+                         kThreads, kSmemBytes, stream, p);
 }
 
 // How many CTAs of the wide combine fit on the device at once (SMs x CTAs per SM), per device
@@ -1210,8 +1211,8 @@ int64_t wide_combine_wave() {
   const int64_t wave = cached_per_device(cache, [](int dev) -> int64_t {
     int sms = 0, per_sm = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, combine_kernel<Elem, kCombineBatchWide>, kCombineWarps * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, combine_kernel<Elem, kCombineBatchWide>,
+                                                  kCombineWarps * 32, 0);
     return static_cast<int64_t>(sms > 0 ? sms : 0) * (per_sm > 0 ? per_sm : 0);
   });
   return wave > 0 ? wave : 0;
@@ -1279,10 +1280,8 @@ int attention_ctas_per_sm(DType dtype) {
     // The fp8-pool instantiation has the same shared memory, hence the same occupancy.
     prepare_attention_kernel<Elem, false, Fp8Numerics::kFp16Operands>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n,
-                                                  attention_kernel<Elem, false, Fp8Numerics::kFp16Operands>,
-                                                  kThreads,
-                                                  kSmemBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, attention_kernel<Elem, false, Fp8Numerics::kFp16Operands>, kThreads, kSmemBytes);
     return n > 0 ? n : 1;
   });
 }

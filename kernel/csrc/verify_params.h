@@ -61,8 +61,8 @@ struct VerifyParams {
   bool qo_indptr_64;
   const void* kv_indptr;
   bool kv_indptr_64;
-  const uint8_t* mask;         // nullptr: causal draft block
-  const void* mask_indptr;     // nullptr: derived as cumsum(N * (L + N))
+  const uint8_t* mask;      // nullptr: causal draft block
+  const void* mask_indptr;  // nullptr: derived as cumsum(N * (L + N))
   bool mask_indptr_64;
   bool separate_v_buf;  // v_buffer is not the first 512 columns of k_buffer's rows
   bool separate_v_ext;  // v_extend is not the first 512 columns of k_extend's rows
@@ -84,11 +84,11 @@ struct VerifyParams {
   int target_ctas;     // CTAs the plan aims for (SMs x resident CTAs per SM)
 
   // Workspace (see kdtree_verify/plan.py for the size formula).
-  TileMeta* tiles;    // [num_tile_slots]
-  int32_t* chunk;     // [1] KV tokens per split (multiple of kBlockN)
-  float* o_part;      // [max_splits * num_tile_slots * kBlockM, 512] normalized partial outputs
-  float* lse_part;    // [max_splits * num_tile_slots * kBlockM] partial LSE (natural log)
-  float* row_max;     // [max_splits * num_tile_slots * kBlockM] fp8_triton: each split's max score
+  TileMeta* tiles;  // [num_tile_slots]
+  int32_t* chunk;   // [1] KV tokens per split (multiple of kBlockN)
+  float* o_part;    // [max_splits * num_tile_slots * kBlockM, 512] normalized partial outputs
+  float* lse_part;  // [max_splits * num_tile_slots * kBlockM] partial LSE (natural log)
+  float* row_max;   // [max_splits * num_tile_slots * kBlockM] fp8_triton: each split's max score
 };
 
 enum class DType { kBF16 = 0, kFP16 = 1 };
