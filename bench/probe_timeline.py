@@ -1,9 +1,13 @@
 """Timeline of one layer call (probe build): L2 flush -> marker kernel -> attention -> combine.
 
 Needs a kernel built with the timeline probe (%globaltimer stamps per CTA and the extension's
-probe_marker / probe_reset / probe_read): the patch is results/gpu_run54_probe_shipped/variants/
-(run 32's on the shipped kernel 33e6a04, plus a stamp when thread 0's Q fragments have landed, in
-the slot where run 32's stamped the SM id). Run it with that variant first on PYTHONPATH:
+probe_marker / probe_reset / probe_read): run 54's patch on main 69bbddf (kernel 33e6a04; run 32's
+probe plus a stamp when thread 0's Q fragments have landed, in the slot where run 32's stamped the
+SM id), from git history (docs/kernel-journal.md):
+
+    git show d1d7537:bench/results/gpu_run54_probe_shipped/variants/probe_q_on_main_69bbddf.patch
+
+It does not apply to later kernels as is. Run it with that variant first on PYTHONPATH:
 bench/ab_kernels.sh with NAME python3 bench/probe_timeline.py [--l2 flushed warm].
 Prints, per shape, in microseconds from the marker kernel's stamp: attention CTA entry (min,
 median, max), metadata ready, Q landed, first tile landed, loop end, epilogue end; combine

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,51 @@ def speed_json(records: list[dict]) -> dict:
 @pytest.fixture()
 def committed() -> dict:
     return json.loads(COMMITTED.read_text())
+
+
+def run_files(value: object) -> list[str]:
+    """Every ``runN/...`` file (``FILE.tar.xz:MEMBER`` for a file packed in a run's tarball) that a
+    record names, at any depth."""
+    if isinstance(value, dict):
+        return [f for v in value.values() for f in run_files(v)]
+    if isinstance(value, list):
+        return [f for v in value for f in run_files(v)]
+    return [value] if isinstance(value, str) and re.match(r"run\d+/\S+$", value) else []
+
+
+def missing_run_files(record: dict, runs: Path) -> list[str]:
+    missing = []
+    for name in sorted(set(run_files(record))):
+        path, _, member = name.partition(":")
+        if not (runs / path).is_file():
+            missing.append(name)
+        elif member:
+            with tarfile.open(runs / path) as tar:
+                if member not in tar.getnames():
+                    missing.append(name)
+    return missing
+
+
+def test_every_file_the_committed_record_names_is_in_the_tree(committed: dict) -> None:
+    names = run_files(committed)
+    assert len(names) > 40 and any(":" in n for n in names)
+    assert missing_run_files(committed, COMMITTED.parent / "sglang_e2e") == []
+
+
+def test_a_missing_run_file_or_packed_member_is_named(tmp_path: Path) -> None:
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "speed.json").write_text("{}")
+    with tarfile.open(tmp_path / "run1" / "speed.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "run1" / "speed.json", arcname="speed/server_off.log")
+    record = {
+        "records": [{"log": "run1/speed.tar.xz:speed/server_off.log"}, {"log": "server_on.log"}],
+        "refused": {"log": "run1/speed.json", "other": ["run2/speed.json"]},
+        "verdict": {"report": "run1/speed.tar.xz:speed/server_on.log"},
+    }
+    assert missing_run_files(record, tmp_path) == [
+        "run1/speed.tar.xz:speed/server_on.log",
+        "run2/speed.json",
+    ]
 
 
 def test_new_rows_replace_the_same_measurement_and_keep_the_rest(committed) -> None:
