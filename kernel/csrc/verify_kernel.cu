@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
   // Q's 32 rows go through stage 1 (free until iteration 0 loads tile 1), laid out like a KV tile:
   // 9 16-byte copies per thread, then ldmatrix. Read straight into the MMA fragment layout, Q
   // takes 72 scattered 4-byte loads per thread, which land no sooner than the first KV tile
-  // (bench/results/gpu_run51_probe_q). Rows that are not 16-byte aligned take that path still.
+  // (run 51, docs/kernel-journal.md). Rows that are not 16-byte aligned take that path still.
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
   if (p.q_rows_16b) {
     const int m = mt * kBlockM + ld_row;
@@ -1032,8 +1032,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 // occupancy. The wide one loads 72 splits per round, so a row of <= 72 splits (the 65 of B=1,
 // H=8, T=8, 4k) takes one round trip of loads instead of three: ~1 us saved where the grid has
 // at most ~128 rows. But it needs 185 registers on sm_90 and fits once per SM where the narrow
-// one (94) fits twice, and used everywhere it cost up to 1.14x at grids of 256+ rows (run 57,
-// bench/results/gpu_run57_ab_combine/). Chosen per call, it gives 0.91-0.98x at the grid's B=1
+// one (94) fits twice, and used everywhere it cost up to 1.14x at grids of 256+ rows (run 57).
+// Chosen per call, it gives 0.91-0.98x at the grid's B=1
 // calls of <= 128 rows and leaves the rest as they were (run 62).
 constexpr int kCombineBatchWide = 9;    // 72 splits per round: one round at <= 72 splits
 constexpr int kCombineBatchNarrow = 4;  // 32 splits per round: two CTAs per SM
