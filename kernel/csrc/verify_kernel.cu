@@ -1033,8 +1033,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 // H=8, T=8, 4k) takes one round trip of loads instead of three: ~1 us saved where the grid has
 // at most ~128 rows. But it needs 185 registers on sm_90 and fits once per SM where the narrow
 // one (94) fits twice, and used everywhere it cost up to 1.14x at grids of 256+ rows (run 57).
-// Chosen per call, it gives 0.91-0.98x at the grid's B=1
-// calls of <= 128 rows and leaves the rest as they were (run 62).
+// Chosen per call, it gives 0.91-0.98x at the grid's B=1 calls of <= 128 rows and leaves the rest
+// as they were (run 62).
 constexpr int kCombineBatchWide = 9;    // 72 splits per round: one round at <= 72 splits
 constexpr int kCombineBatchNarrow = 4;  // 32 splits per round: two CTAs per SM
 
