@@ -90,6 +90,12 @@ podman_settings() {
   nproc=$(ulimit -Hu)
   { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
   mkdir -p "$CACHE"
+  # buildah stages each layer it commits (a diff of the build container, then the store's copy
+  # of it) in the image-copy directory: on CACHE's disk, where the space check looks, and
+  # emptied first, since a build that was killed leaves its staged layers (GBs) there.
+  rm -rf "$CACHE/tmp"
+  mkdir -p "$CACHE/tmp"
+  export TMPDIR=$CACHE/tmp
   cat >"$CACHE/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=${nproc}:${nproc}"]
@@ -97,6 +103,7 @@ default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=${nproc}:${nproc}"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+image_copy_tmp_dir = "$CACHE/tmp"
 EOF
   export CONTAINERS_CONF=$CACHE/containers.conf
 }
@@ -182,7 +189,9 @@ pip_settings() {
 # only with KDTREE_CI_INFERENCE_IMAGE=1: a cold build needs about 60 GB of free disk and half an
 # hour more (docs/operations.md, "The container tests").
 INFERENCE_IMAGE_IN_CI=${KDTREE_CI_INFERENCE_IMAGE:-0}
-TARGETS=(parity demo)
+# KDTREE_CI_IMAGES narrows the parity and demo images built and loaded (for a run of one test file).
+read -r -a TARGETS <<<"${KDTREE_CI_IMAGES:-parity demo}"
+LOADED=("${TARGETS[@]}")
 [ "$INFERENCE_IMAGE_IN_CI" = 1 ] && TARGETS+=(inference)
 declare -A TARGET_ARGS=(
   [inference]="--build-arg CUDA_SOURCE=pypi"
@@ -442,7 +451,6 @@ EOF
 # parity and demo go to dockerd through `podman save | docker load`. The inference image stays in
 # podman's storage (a copy in dockerd would need its size again, ~12 GB): podman pushes it to
 # the local registry, and tests/containers/test_inference_image.py runs it with podman.
-LOADED=(parity demo)
 load_images() {
   local target
   for target in "${LOADED[@]}"; do
