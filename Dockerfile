@@ -113,10 +113,10 @@ ARG SGLANG_VERSION
 ARG TORCH_VERSION
 WORKDIR /opt/kdtree
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --dry-run --quiet --ignore-installed --report /tmp/serving.json \
+    pip install --dry-run --quiet --report /tmp/serving.json \
         "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
         "setuptools==80.9.0" "wheel==0.45.1" \
-    && python -c 'import json, sys; print("\n".join(sorted(f"{i[\"metadata\"][\"name\"]}=={i[\"metadata\"][\"version\"]}" for i in json.load(open(sys.argv[1]))["install"])))' \
+    && python -c 'import json, sys; print("\n".join(sorted(i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"])))' \
         /tmp/serving.json >serving-pins.txt \
     && rm /tmp/serving.json && wc -l serving-pins.txt
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
