@@ -43,7 +43,11 @@ def in_image(
         flags += ["--env", f"{name}={value}"]
     if entrypoint is not None:
         flags += ["--entrypoint", entrypoint]
-    return podman("run", *flags, INFERENCE_IMAGE, *command, check=False, timeout=900)
+    # podman's own errors (no systemd here to time the image's HEALTHCHECK) would otherwise be
+    # mixed into the container's stderr, which the refusal tests read line by line.
+    return podman(
+        "--log-level", "fatal", "run", *flags, INFERENCE_IMAGE, *command, check=False, timeout=900
+    )
 
 
 def image_facts(template: str) -> Any:
