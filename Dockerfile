@@ -119,12 +119,18 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     && python -c 'import json, sys; print("\n".join(sorted(i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"])))' \
         /tmp/serving.json >serving-pins.txt \
     && rm /tmp/serving.json && wc -l serving-pins.txt
+# Each slice is a list of name==version lines of serving-pins.txt, one argument each: the word
+# splitting is the point (SC2046), and the versions are pinned there (DL3013).
+# hadolint ignore=SC2046,DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps $(grep -iE '^(nvidia-cudnn|nvidia-nccl|nvidia-cusparselt)' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps $(grep -iE '^(torch|triton)==' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps $(grep -iE '^(sglang-kernel|sgl-|flashinfer)' serving-pins.txt)
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
