@@ -98,17 +98,43 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 FROM cuda-from-${CUDA_SOURCE} AS cuda-python
 
 # ---------------------------------------------------------------------------------------------
-# What serving needs: SGLang with its dependencies and its torch. pip's cache is a build cache
-# mount: it survives between builds on one machine and never lands in the image.
+# What serving needs: SGLang with its dependencies and its torch (~11 GB). pip's cache is a build
+# cache mount: it survives between builds on one machine and never lands in the image.
+# One install of all of it would be one ~11 GB layer, and committing a layer needs about four
+# times its size at once (the container's files, buildah's diff of them, its copy in the store's
+# staging area, the layer unpacked): ~45 GB. So pip resolves once (the pins in
+# /opt/kdtree/serving-pins.txt), and the pinned set is installed in slices of at most ~2.5 GB,
+# one layer each, with no further resolving (docs/operations.md, "Disk").
 FROM cuda-python AS serving
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG SGLANG_VERSION
 ARG TORCH_VERSION
+WORKDIR /opt/kdtree
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
-        "setuptools==80.9.0" "wheel==0.45.1"
+    pip install --dry-run --quiet --report /tmp/serving.json \
+        "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
+        "setuptools==80.9.0" "wheel==0.45.1" \
+    && python -c 'import json, sys; print("\n".join(sorted(i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"])))' \
+        /tmp/serving.json >serving-pins.txt \
+    && rm /tmp/serving.json && wc -l serving-pins.txt
+# Each slice is a list of name==version lines of serving-pins.txt, one argument each: the word
+# splitting is the point (SC2046), and the versions are pinned there (DL3013).
+# hadolint ignore=SC2046,DL3013
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps $(grep -iE '^(nvidia-cudnn|nvidia-nccl|nvidia-cusparselt)' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps $(grep -iE '^(torch|triton)==' serving-pins.txt)
+# hadolint ignore=SC2046,DL3013
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps $(grep -iE '^(sglang-kernel|sgl-|flashinfer)' serving-pins.txt)
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    pip install --no-deps -r serving-pins.txt
 
 # ---------------------------------------------------------------------------------------------
 # The CUDA extension, compiled ahead of time for KDTREE_CUDA_ARCHS (";"-separated sm numbers) by

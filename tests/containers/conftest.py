@@ -63,7 +63,7 @@ def inference_image() -> str:
     if os.environ.get("KDTREE_CI_INFERENCE_IMAGE", "0") != "1":
         pytest.skip(
             "the inference image is built only with KDTREE_CI_INFERENCE_IMAGE=1 "
-            "(about 60 GB of free disk; docs/operations.md, 'The container tests')"
+            "(about 28 GB of free disk and 38 minutes cold; docs/operations.md, 'CI')"
         )
     if shutil.which("podman") is None:
         missing("no podman on PATH")
@@ -73,8 +73,9 @@ def inference_image() -> str:
 
 
 @pytest.fixture(scope="session")
-def registry(engine: None) -> str:
-    """host:port of a local registry the daemon pushes to."""
+def registry() -> str:
+    """host:port of the local registry (the daemon's pushes, podman's push of the inference
+    image); the inference image's tests need it without the daemon's images."""
     address = os.environ.get("KDTREE_CI_REGISTRY", "")
     if not address:
         missing("KDTREE_CI_REGISTRY names no local registry")

@@ -1,6 +1,6 @@
-"""scripts/container_ci.sh itself: what an earlier run killed outright left behind is cleared, and
-a disk too small for the daemon's copy of the images is named before any daemon, registry or
-namespace of this run is started.
+"""scripts/container_ci.sh itself: what an earlier run killed outright left behind is cleared (its
+daemon's state, its namespace, a build's staged layers), and a disk too small for the daemon's
+copy of the images is named before any daemon, registry or namespace of this run is started.
 
 The script runs for real (root, podman and the images this run built); only its state directory
 is put on a 16 MiB tmpfs, mounted in a private mount namespace so it vanishes with the command.
@@ -46,6 +46,15 @@ def test_a_disk_without_room_for_the_images_is_refused_before_anything_starts(
         while str(leftover.pid) not in run("ip", "netns", "pids", stale_netns).stdout.split():
             assert time.monotonic() < deadline, "the leftover command never entered its namespace"
             time.sleep(0.1)
+        # A build killed while it committed a layer: buildah's staged copies of it (GBs) are left
+        # in the image-copy directory; pip's build cache mount beside them is kept.
+        staging = Path(os.environ.get("KDTREE_CI_CACHE", "/var/cache/kdtree-ci")) / "tmp"
+        staged = staging / "buildah123456" / "sha256:0123"
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_bytes(b"a layer's diff")
+        pip_cache = staging / "buildah-cache" / "kept-by-the-test"
+        pip_cache.parent.mkdir(parents=True, exist_ok=True)
+        pip_cache.write_bytes(b"a cached wheel")
         before = _netns()
         small = tmp_path / "small"
         small.mkdir()
@@ -67,6 +76,9 @@ def test_a_disk_without_room_for_the_images_is_refused_before_anything_starts(
         leftover_status = leftover.wait()
         run("ip", "netns", "delete", stale_netns, check=False)
     assert result.returncode == 2, result.stderr[-4000:]
+    assert not staged.parent.exists(), "a killed build's staged layers should be gone"
+    assert pip_cache.read_bytes() == b"a cached wheel"
+    pip_cache.unlink()
     assert f"clearing {state}/{stale_run} and namespace {stale_netns}" in result.stderr
     [listing] = [line for line in result.stdout.splitlines() if line.startswith("left in state:")]
     assert listing.split() == ["left", "in", "state:"], "the stale run's directory should be gone"

@@ -128,7 +128,7 @@ def _derive(source: str, target: str, *changes: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def promotion(registry: str) -> Iterator[Promotion]:
+def promotion(engine: None, registry: str) -> Iterator[Promotion]:
     root = Path(tempfile.mkdtemp(prefix="kdtree-promote-"))
     stage = Promotion(registry, root)
     docker("tag", "kdtree/demo:latest", f"{stage.image}:good-a")
