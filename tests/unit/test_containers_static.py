@@ -1,9 +1,9 @@
 """Static checks of the Dockerfile, compose.yaml and the GitHub workflows.
 
-No Docker engine runs in CI, so these read the files the way the tools would: hadolint on the
-Dockerfile, the Compose specification's JSON schema (vendored and pinned by check-jsonschema) on
-compose.yaml before and after interpolation, actionlint (with shellcheck) on the workflows, and
-assertions on the wiring that a user relies on.
+The linters themselves (hadolint, the Compose and workflow schemas, actionlint, shellcheck) are
+pre-commit hooks that `make lint` runs. These read the files for what the linters cannot know:
+compose.yaml after interpolation against the Compose specification, and the wiring a user
+relies on.
 """
 
 from __future__ import annotations
@@ -39,70 +39,19 @@ def _run(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-# --------------------------------------------------------------------------- the linters
+# --------------------------------------------------------------------------- compose schema
 
 
-def test_dockerfile_passes_hadolint() -> None:
-    result = _run(_tool("hadolint"), "--failure-threshold", "info", "Dockerfile")
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_hadolint_catches_a_known_mistake(tmp_path: Path) -> None:
-    """The linter is live: an unpinned pip install and a root image are reported."""
-    bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM python:3.12-slim\nRUN pip install requests\n")
-    result = _run(_tool("hadolint"), str(bad))
-    assert result.returncode != 0 and "DL3013" in result.stdout
-
-
-@pytest.mark.parametrize("defaults", [True, False], ids=["interpolated", "raw"])
-def test_compose_matches_the_compose_specification(tmp_path: Path, defaults: bool) -> None:
-    if defaults:
-        document = {**yaml.safe_load((ROOT / "compose.yaml").read_text())}
-        resolved = {k: v for k, v in document.items() if k.startswith("x-")}
-        resolved.update(load_compose())
-        target = tmp_path / "compose.yaml"
-        target.write_text(yaml.safe_dump(resolved))
-    else:
-        target = ROOT / "compose.yaml"
+def test_interpolated_compose_matches_the_compose_specification(tmp_path: Path) -> None:
+    """compose.yaml as Compose reads it with the defaults filled in (the file as written is a
+    pre-commit hook's)."""
+    document = {**yaml.safe_load((ROOT / "compose.yaml").read_text())}
+    resolved = {k: v for k, v in document.items() if k.startswith("x-")}
+    resolved.update(load_compose())
+    target = tmp_path / "compose.yaml"
+    target.write_text(yaml.safe_dump(resolved))
     result = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(target))
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_compose_schema_check_rejects_a_wrong_key(tmp_path: Path) -> None:
-    bad = tmp_path / "compose.yaml"
-    bad.write_text(
-        "services:\n  a:\n    image: x\n    depends_on:\n      b: {condition: healthy}\n"
-    )
-    result = _run(_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(bad))
-    assert result.returncode != 0
-
-
-def test_workflows_pass_actionlint_with_shellcheck() -> None:
-    result = _run(_tool("actionlint"), "-shellcheck", _tool("shellcheck"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    workflows = sorted(p.name for p in (ROOT / ".github" / "workflows").glob("*.yml"))
-    assert workflows == ["ci.yml", "parity-gate.yml"]
-    schema = _run(
-        _tool("check-jsonschema"),
-        "--builtin-schema",
-        "vendor.github-workflows",
-        *(str(ROOT / ".github" / "workflows" / name) for name in workflows),
-    )
-    assert schema.returncode == 0, schema.stdout + schema.stderr
-
-
-def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
-    workflows = tmp_path / ".github" / "workflows"
-    workflows.mkdir(parents=True)
-    (workflows / "bad.yml").write_text(
-        "on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n"
-        "      - run: echo ${{ github.nonexistent_context_key }}\n"
-    )
-    result = subprocess.run(
-        [_tool("actionlint"), str(workflows / "bad.yml")], cwd=tmp_path, capture_output=True
-    )
-    assert result.returncode != 0
 
 
 # --------------------------------------------------------------------------- compose wiring
@@ -355,27 +304,9 @@ def test_ci_workflow_runs_the_readme_test_command_on_every_push() -> None:
     workflow = _workflow("ci.yml")
     assert "push" in workflow["on"]
     steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
-    [step] = [s for s in steps if "bash .ci/run" in s]
-    assert step.startswith("sudo ") and "--preserve-env=CI" in step  # dockerd needs root
+    assert len([s for s in steps if "bash .ci/run" in s]) == 1
     ci_run = (ROOT / ".ci" / "run").read_text()
     assert "scripts/container_ci.sh run make test" in ci_run
-
-
-def test_shell_scripts_pass_shellcheck() -> None:
-    scripts = [
-        *sorted((ROOT / "scripts").glob("*.sh")),
-        ROOT / ".ci" / "run",
-        ROOT / "bench" / "sglang_gpu.sh",
-    ]
-    result = _run(_tool("shellcheck"), *map(str, scripts))
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_shellcheck_catches_a_known_mistake(tmp_path: Path) -> None:
-    script = tmp_path / "bad.sh"
-    script.write_text("#!/usr/bin/env bash\nrm -rf $1/\n")
-    result = _run(_tool("shellcheck"), str(script))
-    assert result.returncode != 0 and "SC2086" in result.stdout
 
 
 def test_parity_gate_workflow_gates_on_a_gpu_runner_and_keeps_the_report() -> None:
