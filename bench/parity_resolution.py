@@ -69,6 +69,7 @@ class Candidate:
     env: dict[str, str]
     kind: str | None = None  # the fault kind, None for a control
     size: float | None = None
+    options: dict = field(default_factory=dict)  # engine CLI options (the kv-splits control)
 
 
 @dataclass
@@ -83,9 +84,14 @@ class Cell:
     figures: dict = field(default_factory=dict)
 
 
-def candidates(faults: list[str]) -> list[Candidate]:
+def candidates(faults: list[str], kv_splits: int | None = None) -> list[Candidate]:
+    """The controls (plus, with ``kv_splits``, the split-KV equivalent-numerics candidate), then
+    one candidate per fault."""
     out = [Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env}) for name, env in
            CONTROLS.items()]  # fmt: skip
+    if kv_splits:
+        out.append(Candidate(f"kv_splits_{kv_splits}", {"KDTREE_VERIFY": "off", ENV_VAR: ""},
+                             options={"attention_kv_splits": kv_splits}))  # fmt: skip
     for spec in faults:
         fault = parse_fault(spec)  # refuses a malformed grid before any server starts
         out.append(Candidate(spec, {"KDTREE_VERIFY": "off", ENV_VAR: spec}, fault.kind, fault.size))
@@ -134,12 +140,20 @@ def failed_rules(report: dict) -> list[str]:
     return [r["rule"] for r in reasons if r.get("outcome") != "pass"]
 
 
-def judge(baseline: str, candidate: str, corpus: Path, policy: Path, raw: Path, tag: str) -> tuple[
-    int, dict]:  # fmt: skip
+def judge(
+    baseline: str,
+    candidate: str,
+    corpus: Path,
+    policy: Path,
+    raw: Path,
+    tag: str,
+    floor: str | None = None,
+) -> tuple[int, dict]:
     out = raw / "runs" / tag
     cmd = [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
            "--candidate", candidate, "--corpus", str(corpus), "--policy", str(policy),
-           "--out", str(out), "--db", str(raw / "runs.sqlite3"), "--no-progress"]  # fmt: skip
+           "--out", str(out), "--db", str(raw / "runs.sqlite3"), "--no-progress",
+           *(["--floor", floor] if floor else [])]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     (raw / "gate" / f"{tag}.stdout").write_text(proc.stdout)
     (raw / "gate" / f"{tag}.stderr").write_text(proc.stderr)
@@ -149,9 +163,11 @@ def judge(baseline: str, candidate: str, corpus: Path, policy: Path, raw: Path, 
 
 
 @contextlib.contextmanager
-def engine_server(raw: Path, tag: str, env: dict[str, str]) -> Iterator[str]:
-    """A reference-engine server on loopback with ``env``; yields its URL."""
-    server = EngineProcess(raw / "servers" / f"{tag}.log", env=env)
+def engine_server(
+    raw: Path, tag: str, env: dict[str, str], options: dict | None = None
+) -> Iterator[str]:
+    """A reference-engine server on loopback with ``env`` and CLI ``options``; yields its URL."""
+    server = EngineProcess(raw / "servers" / f"{tag}.log", env=env, **(options or {}))
     try:
         server.wait()
         yield server.url
@@ -176,7 +192,11 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
         make_model.write_model(model_dir, preset, device="cuda")
 
     @contextlib.contextmanager
-    def start(raw: Path, tag: str, env: dict[str, str]) -> Iterator[str]:
+    def start(
+        raw: Path, tag: str, env: dict[str, str], options: dict | None = None
+    ) -> Iterator[str]:
+        if options:
+            raise ValueError(f"{tag}: engine options {options} have no SGLang counterpart here")
         env = dict(env)
         model, fault = model_dir, parse_fault(env.get(ENV_VAR))
         if fault is not None and fault.kind == "weight":
@@ -202,7 +222,7 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
     return start
 
 
-StartServer = Callable[[Path, str, dict[str, str]], contextlib.AbstractContextManager[str]]
+StartServer = Callable[..., contextlib.AbstractContextManager[str]]
 
 
 def measure(
@@ -213,9 +233,12 @@ def measure(
     log=print,
     start_server: StartServer = engine_server,
     servers: str = "reference engine",
+    floor_kv_splits: int | None = None,
 ) -> dict:
-    """Run the grid; return (and write to ``out``) the table. ``start_server(raw, tag, env)``
-    starts one server (the baseline: tag ``baseline``) and yields its URL."""
+    """Run the grid; return (and write to ``out``) the table. ``start_server(raw, tag, env,
+    options)`` starts one server (the baseline: tag ``baseline``) and yields its URL.
+    ``floor_kv_splits``: also start an A/A' floor (the baseline with ``--attention-kv-splits``,
+    for a gate that takes ``--floor``) and add that configuration as a candidate."""
     raw = out / "raw"
     for sub in ("servers", "gate", "runs"):
         (raw / sub).mkdir(parents=True, exist_ok=True)
@@ -225,12 +248,22 @@ def measure(
     policy, policy_data = write_policy(raw / "policy.yaml", policy_name, min(sizes))
     cells: list[Cell] = []
     started = time.monotonic()
-    with start_server(raw, "baseline", {"KDTREE_VERIFY": "off", ENV_VAR: ""}) as baseline:
-        for cand in candidates(faults):
+    stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
+    with contextlib.ExitStack() as stack:
+        baseline = stack.enter_context(start_server(raw, "baseline", stock))
+        floor = None
+        if floor_kv_splits:
+            floor_server = start_server(
+                raw, "floor", stock, {"attention_kv_splits": floor_kv_splits}
+            )
+            floor = stack.enter_context(floor_server)
+        for cand in candidates(faults, floor_kv_splits):
             tag = cand.name.replace(":", "_")
-            with start_server(raw, tag, cand.env) as url:
+            with start_server(raw, tag, cand.env, cand.options) as url:
                 for k in sizes:
-                    code, report = judge(baseline, url, corpora[k], policy, raw, f"{tag}_{k}")
+                    code, report = judge(
+                        baseline, url, corpora[k], policy, raw, f"{tag}_{k}", floor
+                    )
                     verdict = (report.get("verdict") or {}).get("status") or "error"
                     cell = Cell(cand.name, cand.kind, cand.size, k, verdict, code,
                                 failed_rules(report), figures(report))  # fmt: skip
@@ -239,6 +272,7 @@ def measure(
                         f"{cell.failed_rules}")  # fmt: skip
     table = {
         "servers": servers,
+        "floor": f"baseline with --attention-kv-splits {floor_kv_splits}" if floor else None,
         "policy": {"base": policy_name, "min_prompts": min(sizes), "settings": policy_data},
         "corpus": "first K prompts of short + default",
         "corpus_sizes": sizes,
@@ -333,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
         help="sglang: the model directory (written by make_model.py if absent)",
     )
     p.add_argument("--preset", default="tiny", help="sglang: make_model.py preset")
+    p.add_argument(
+        "--floor-kv-splits",
+        type=int,
+        default=None,
+        help="engine: judge against an A/A' floor, the baseline with "
+        "--attention-kv-splits N (needs a gate with --floor)",
+    )
     args = p.parse_args(argv)
     try:
         sizes = sorted({int(k) for k in args.corpus_sizes.split(",") if k.strip()})
@@ -350,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(faults, sizes, args.out, args.policy, start_server=start,
                 servers=f"SGLang, {args.preset} model")  # fmt: skip
     else:
-        measure(faults, sizes, args.out, args.policy)
+        measure(faults, sizes, args.out, args.policy, floor_kv_splits=args.floor_kv_splits)
     print(f"wrote {args.out / 'resolution.md'} and {args.out / 'resolution.json'}")
     return 0
 
