@@ -15,6 +15,10 @@
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
+#   resolution   bench/parity_resolution.py --servers sglang on the tiny model: an off baseline,
+#                an identical and an on candidate, on-with-KDTREE_INJECT_FAULT candidates and
+#                perturbed-weight copies, through the real gate (default policy), eager forwards;
+#                RESOLUTION_SIZES / RESOLUTION_FAULTS override the grid
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV):
@@ -91,6 +95,13 @@ for phase in "$@"; do
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
         --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
+    resolution)
+      python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
+      python3 bench/parity_resolution.py --servers sglang --model-dir /tmp/models/tiny \
+        --policy default --out "$OUT/resolution" --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
+        --faults "${RESOLUTION_FAULTS:-scale:0.001,scale:0.01,scale:0.05,weight:1:0.004,weight:1:0.01,weight:1:0.05,kv_drop:64,kv_drop:16,kv_drop:0,tree_mask:7,tree_mask:3,tree_mask:0}" \
+        2>&1 | tee "$OUT/resolution.log"
+      cp "$OUT/resolution/resolution.json" "$OUT/resolution/resolution.md" "$OUT/" || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
   # At most 8 files come back from a device command: each phase's folder travels as one archive.

@@ -42,6 +42,13 @@ Three presets (``--preset``):
   and decodes ids beyond the tokenizer as id 0).
 
 Usage: python bench/models/make_model.py --preset tiny OUT_DIR [--seed N] [--device cuda]
+    [--perturb LAYER:SIZE]
+
+``--perturb LAYER:SIZE`` (TEST ONLY, for measuring the parity gate's resolution on SGLang) adds
+seeded noise of relative size SIZE to every matrix of target layer LAYER, as the reference
+engine's ``KDTREE_INJECT_FAULT=weight:LAYER:SIZE`` does (``kdtree_inference.faults``). The
+weights are bf16, so a SIZE well below bf16's relative step (2^-8) is mostly rounded away:
+``config.json``'s ``kdtree_model.perturb`` records the size asked for and the one realized.
 Needs torch, safetensors, tokenizers and transformers (all on the GPU machine).
 ``--device meta`` draws nothing: the tensors have their names and shapes only (for tests).
 """
@@ -321,8 +328,10 @@ def write_model(
     logit_scale: float = 8.0,
     branch_scale: float = 0.1,
     device: str = "cpu",
+    perturb: tuple[int, float] | None = None,
 ) -> dict:
-    """Write the model directory; returns its config (with the generator's settings added)."""
+    """Write the model directory; returns its config (with the generator's settings added).
+    ``perturb``: (layer, relative size) of a weight fault in one target layer (TEST ONLY)."""
     from safetensors.torch import save_file
 
     if device == "meta":
@@ -330,6 +339,9 @@ def write_model(
     config = model_config(preset, layers)
     out.mkdir(parents=True, exist_ok=True)
     tensors = model_weights(config, seed, logit_scale, branch_scale, device)
+    realized = None
+    if perturb is not None:
+        tensors, realized = perturbed(tensors, config, *perturb)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["kdtree_model"] = {
         "preset": preset,
@@ -338,9 +350,39 @@ def write_model(
         "branch_scale": branch_scale,
         "parameters": sum(t.numel() for t in tensors.values()),
     }
+    if perturb is not None:
+        config["kdtree_model"]["perturb"] = {
+            "layer": perturb[0], "size": perturb[1], "realized": realized,
+        }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_tokenizer(out, config["max_position_embeddings"])
     return config
+
+
+def perturbed(
+    tensors: dict[str, torch.Tensor], config: dict, layer: int, size: float
+) -> tuple[dict[str, torch.Tensor], float]:
+    """``tensors`` with layer ``layer``'s matrices perturbed (kdtree_inference.faults), and the
+    relative size that survives the bf16 rounding (||W' - W|| / ||W|| over the layer)."""
+    from kdtree_inference.faults import perturb_layer
+
+    if not 0 <= layer < config["num_hidden_layers"]:
+        raise ValueError(f"--perturb layer {layer} out of range [0, {config['num_hidden_layers']})")
+    if not size > 0:
+        raise ValueError(f"--perturb size must be positive, got {size}")
+    out = perturb_layer(tensors, layer, size)
+    changed = [n for n in tensors if out[n] is not tensors[n]]
+    diff = sum(float((out[n].float() - tensors[n].float()).norm() ** 2) for n in changed)
+    base = sum(float(tensors[n].float().norm() ** 2) for n in changed)
+    return out, (diff / base) ** 0.5
+
+
+def _perturb_arg(text: str) -> tuple[int, float]:
+    layer, _, size = text.partition(":")
+    try:
+        return int(layer), float(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYER:SIZE, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", default="cpu", help="where to draw the weights (cuda is faster)"
     )
+    parser.add_argument(
+        "--perturb", type=_perturb_arg, metavar="LAYER:SIZE",
+        help="TEST ONLY: seeded noise of relative size SIZE in every matrix of layer LAYER",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         config = write_model(
@@ -364,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             logit_scale=args.logit_scale,
             branch_scale=args.branch_scale,
             device=args.device,
+            perturb=args.perturb,
         )
     except ValueError as error:
         print(f"make_model: {error}", file=sys.stderr)

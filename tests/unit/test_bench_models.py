@@ -351,3 +351,22 @@ def test_sglang_reads_kimi_rank_and_its_draft_as_meant(tmp_path) -> None:
     assert draft.attention_arch == AttentionArch.MHA
     assert (draft.head_dim, draft.v_head_dim, draft.get_num_kv_heads(1)) == (128, 128, 56)
     assert (draft.context_len, draft.vocab_size) == (262144, 163840)
+
+
+def test_perturb_writes_one_layer_moved_by_the_relative_size(tmp_path, tiny) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "perturbed"
+    config = make_model.write_model(out, "tiny", seed=0, perturb=(1, 0.02))
+    stock, moved = (
+        load_file(str(tiny / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    changed = {n for n in stock if not torch.equal(stock[n], moved[n])}
+    assert changed and all(n.startswith("model.layers.1.") for n in changed)
+    assert config["kdtree_model"]["perturb"]["realized"] == pytest.approx(0.02, rel=0.05)
+    # Far below bf16's step, most of the noise rounds away: the realized size says so.
+    small = make_model.perturbed(make_model.model_weights(make_model.model_config("tiny"), 0),
+                                 make_model.model_config("tiny"), 0, 1e-4)[1]  # fmt: skip
+    assert small < 0.5e-4
+    assert make_model.main([str(tmp_path / "m"), "--perturb", "9:0.1"]) == 2

@@ -27,8 +27,9 @@ from kdtree_parity.client import url_problem
 from kdtree_parity.config import env_default
 from kdtree_parity.corpus import CorpusError, load_corpus
 from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
-from kdtree_parity.report import build_report, render_html, render_markdown, report_json
+from kdtree_parity.report import build_report, render_with_resolution
 from kdtree_parity.report import write_report_files as write_reports
+from kdtree_parity.report.resolution import ResolutionError, ResolutionTable, load_resolution
 from kdtree_parity.report.schema import Report
 from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import (
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run and shown in its report)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--resolution", default=None,
+                     help="resolution table (bench/parity_resolution.py's resolution.json) to "
+                     "print in the HTML and Markdown reports")  # fmt: skip
     _add_db(run)
 
     report = sub.add_parser("report", help="render a stored run's report")
@@ -103,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("md", "json", "html", "files"), default="md",
                         help="print md/json/html to stdout, or write all three files")  # fmt: skip
     report.add_argument("--out", default=env_default("OUT"), help="where 'files' writes")
+    report.add_argument("--resolution", default=None,
+                        help="resolution table to print in the md/html report")  # fmt: skip
     _add_db(report)
 
     lst = sub.add_parser("list", help="list stored runs, newest first")
@@ -237,6 +243,7 @@ def _run(args: argparse.Namespace) -> int:
         for flag, variable in NEW_RUN_FLAGS.items():
             if getattr(args, flag) is None:
                 setattr(args, flag, env_default(variable))
+    resolution = _resolution(args.resolution)
     if not args.resume:
         try:
             corpus = load_corpus(args.corpus)
@@ -312,7 +319,9 @@ def _run(args: argparse.Namespace) -> int:
                     f"errors {counts['errors']}",
                 )
 
-            run = _run_with_signals(store, run_id, progress, images, args.accept_identity_change)
+            run = _run_with_signals(
+                store, run_id, progress, images, args.accept_identity_change, resolution
+            )
             try:
                 asyncio.run(run)
             except KeyboardInterrupt:
@@ -350,6 +359,7 @@ async def _run_with_signals(
     progress: ProgressCallback,
     images: dict[str, str | None],
     accept_identity_change: bool,
+    resolution: ResolutionTable | None = None,
 ) -> None:
     """SIGTERM cancels the run like Ctrl-C, so it is recorded as interrupted, not left running."""
     task = asyncio.current_task()
@@ -363,9 +373,19 @@ async def _run_with_signals(
             progress=progress,
             images={role: label for role, label in images.items() if label},
             accept_identity_change=accept_identity_change,
+            resolution=resolution,
         )
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
+
+
+def _resolution(path: str | None) -> ResolutionTable | None:
+    if not path:
+        return None
+    try:
+        return load_resolution(path)
+    except ResolutionError as exc:
+        raise _Refusal(str(exc)) from None
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -373,6 +393,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    resolution = _resolution(args.resolution)
     store = _open_store_read_only(args.db)
     try:
         try:
@@ -382,13 +403,12 @@ def _report(args: argparse.Namespace) -> int:
             return 2
         if args.format == "files":
             try:
-                paths = write_reports(store, args.run_id, Path(args.out))
+                paths = write_reports(store, args.run_id, Path(args.out), resolution=resolution)
             except OSError as exc:
                 raise _Refusal(f"cannot write reports to {args.out}: {exc}") from None
             _print_verdict(report, paths)
         else:
-            render = {"md": render_markdown, "json": report_json, "html": render_html}
-            sys.stdout.write(render[args.format](report))
+            sys.stdout.write(render_with_resolution(report, args.format, resolution))
         return EXIT[report.run.status]
     finally:
         store.close()

@@ -204,6 +204,7 @@ async def execute_run(
     write_reports: bool = True,
     images: dict[str, str] | None = None,
     accept_identity_change: bool = False,
+    resolution: Any = None,
 ) -> RunOutcome:
     """Run (or resume) ``run_id`` as recorded in the store; always leaves it in a final status.
 
@@ -299,7 +300,9 @@ async def execute_run(
         store.heartbeat(run_id)  # still ours? (LeaseLost) -- never report over a new owner's run
         if write_reports and record.out_dir:
             try:
-                write_report_files(store, run_id, Path(record.out_dir), ending=ending)
+                write_report_files(
+                    store, run_id, Path(record.out_dir), ending=ending, resolution=resolution
+                )
             except OSError as exc:
                 ending = RunEnding(
                     "error", None, f"the reports could not be written to {record.out_dir}: {exc}"

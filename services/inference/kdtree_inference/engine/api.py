@@ -214,6 +214,9 @@ class EngineAPI:
                     "speculative_topk": cfg.spec.topk,
                     "fault_layer": cfg.fault_layer,
                     "fault_scale": cfg.fault_scale,
+                    "injected_fault": (
+                        cfg.injected_fault.describe() if cfg.injected_fault else None
+                    ),
                 },
             }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..faults import Fault
+
 # The MLA geometry is DeepSeek-V3's and is fixed: the verify op is specialised to it.
 KV_LORA_RANK = 512  # latent (compressed KV) width = v head dim seen by attention
 QK_ROPE_HEAD_DIM = 64  # decoupled rope part of every key and query
@@ -86,6 +88,8 @@ class EngineConfig:
     weights_dir: str | None = None
     fault_layer: int | None = None
     fault_scale: float = 1.0
+    # TEST ONLY: a graded fault from KDTREE_INJECT_FAULT (kdtree_inference.faults); None = stock.
+    injected_fault: Fault | None = None
     # Stream events carry only what is new since the previous one (SGLang's
     # --incremental-streaming-output); False resends the whole output each time, SGLang's default.
     incremental_streaming_output: bool = True
@@ -99,6 +103,12 @@ class EngineConfig:
         if self.fault_layer is not None and not 0 <= self.fault_layer < self.model.num_layers:
             raise ValueError(
                 f"fault layer {self.fault_layer} out of range [0, {self.model.num_layers})"
+            )
+        fault = self.injected_fault
+        if fault is not None and fault.kind == "weight" and fault.layer >= self.model.num_layers:
+            raise ValueError(
+                f"KDTREE_INJECT_FAULT: weight layer {fault.layer} out of range "
+                f"[0, {self.model.num_layers})"
             )
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import AttentionBackend, ExtendMetadata
+from .attention import ExtendMetadata
 from .config import EngineConfig
 from .drafter import DraftTree, NgramIndex, NgramTreeDrafter
+from .fault_injection import attention_backend, faulty_weights
 from .kv_pool import MLAKVPool
 from .model import TinyMLAModel, load_weights_with_digest, seeded_digest, seeded_weights
 from .sampling import sample_token, token_logprobs
@@ -134,12 +135,13 @@ class Engine:
         if cfg.warmup_delay_s > 0:
             # Lets tests and demos observe the not-ready state (/health 503) deterministically.
             time.sleep(cfg.warmup_delay_s)
-        backend = AttentionBackend(cfg.attention, cfg.device)
+        backend = attention_backend(cfg.attention, cfg.device, cfg.injected_fault)
         if cfg.weights_dir:
             weights, self.weights_identity = load_weights_with_digest(cfg.model, cfg.weights_dir)
         else:
             weights = seeded_weights(cfg.model)
             self.weights_identity = {"path": None, "sha256": seeded_digest(cfg.model)}
+        weights = faulty_weights(weights, cfg.injected_fault)
         dtype = DTYPES[cfg.dtype]
         self.model = TinyMLAModel(
             cfg.model, backend, weights, cfg.device, dtype, cfg.fault_layer, cfg.fault_scale

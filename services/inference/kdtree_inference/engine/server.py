@@ -9,6 +9,7 @@ import threading
 
 import torch
 
+from ..faults import fault_from_env
 from .config import (
     ATTENTION_BACKENDS,
     EngineConfig,
@@ -109,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         weights_dir=args.weights_dir,
         fault_layer=args.fault_layer,
         fault_scale=1.0 if args.fault_scale is None else args.fault_scale,
+        injected_fault=fault_from_env(),
         incremental_streaming_output=args.incremental_streaming_output,
         warmup_delay_s=args.warmup_delay,
     )
@@ -119,6 +121,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     import uvicorn
 
     from .api import EngineAPI
+    from .fault_injection import log_fault
     from .metrics import EngineMetrics
     from .scheduler import Engine
 
@@ -149,6 +152,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
 
     log.info("kdtree engine: attention=%s device=%s dtype=%s on http://%s:%d",
              config.attention, config.device, config.dtype, host, port)  # fmt: skip
+    log_fault(config.injected_fault)
     engine.start()
     threading.Thread(target=watch_startup, daemon=True).start()
     try:

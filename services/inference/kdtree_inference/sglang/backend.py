@@ -41,9 +41,11 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from kdtree_verify import VerifyInputError
 from kdtree_verify.validation import FP8_KV_DTYPE
 
+from ..faults import banner, scaled_softmax
 from .comparison import ComparisonRecorder, ShadowGate
 from .dispatch import verify_with_inputs
 from .extension import kernel_status
+from .fault_injection import faulty_inputs
 from .marshal import VerifyInputs, VerifyMarshal
 from .modes import VerifyMode, VerifySettings
 from .telemetry import VerifyTelemetry
@@ -169,6 +171,12 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         logger.info(
             "kdtree verify backend (%s) in pid %d: %s", served, os.getpid(), settings.describe()
         )
+        # A fault edits target verify only (never the draft runner's draft extend).
+        self.kdtree_fault = settings.fault if self.kdtree_active and not is_draft else None
+        if self.kdtree_fault is not None:
+            logger.warning(
+                banner(self.kdtree_fault, f"the SGLang verify backend (pid {os.getpid()})")
+            )
 
     def _kdtree_serves(self, forward_mode: Any) -> bool:
         """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
@@ -199,8 +207,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Once per verify forward, after the parent's metadata: marshal, count, publish, gate."""
         if phase in ("eager", "capture"):
             metadata = self.forward_metadata
-            metadata.kdtree_inputs = self.kdtree_marshal.build(
-                metadata, for_graph=phase == "capture"
+            metadata.kdtree_inputs = faulty_inputs(
+                self.kdtree_marshal.build(metadata, for_graph=phase == "capture"),
+                self.kdtree_fault,
+                phase,
             )
             if phase == "capture":
                 self._kdtree_graph_inputs[batch_size] = metadata.kdtree_inputs
@@ -381,7 +391,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             v.view(-1, 1, V_HEAD_DIM),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            layer.scaling,
+            scaled_softmax(self.kdtree_fault, layer.scaling),
             k_scale=layer.k_scale_float if scaled else 1.0,
             v_scale=layer.v_scale_float if scaled else 1.0,
             fp8_numerics=fp8_numerics or self.kdtree_settings.fp8_numerics,

@@ -19,6 +19,9 @@ KDTREE_DRAFT_EXTEND         on        on: EAGLE's draft-extend forward follows K
 KDTREE_FP8_NUMERICS         triton    fp8 KV pool: triton rounds q and P to e4m3 as SGLang's Triton
                                       path does (parity with stock); fp16 keeps them in fp16
                                       (closer to the exact result on the stored values)
+KDTREE_INJECT_FAULT         (unset)   TEST ONLY, needs KDTREE_VERIFY=on: a graded fault in the kernel's
+                                      verify attention (scale:S, kv_drop:P, tree_mask:R;
+                                      kdtree_inference.faults), for measuring the parity gate
 =========================== ========= ===============================================================
 """
 
@@ -31,6 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kdtree_verify.validation import FP8_NUMERICS
+
+from ..faults import ENV_VAR as FAULT_ENV_VAR
+from ..faults import Fault, FaultSpecError, parse_fault
 
 
 class VerifyMode(enum.Enum):
@@ -87,6 +93,26 @@ def _read_choice(env: Mapping[str, str], name: str, default: str, choices: tuple
     return raw
 
 
+def _read_fault(env: Mapping[str, str], mode: VerifyMode) -> Fault | None:
+    try:
+        fault = parse_fault(env.get(FAULT_ENV_VAR))
+    except FaultSpecError as exc:
+        raise SettingsError(str(exc)) from None
+    if fault is None:
+        return None
+    if mode is not VerifyMode.ON:
+        raise SettingsError(
+            f"{FAULT_ENV_VAR}={env[FAULT_ENV_VAR]!r} applies to the kdtree kernel's verify "
+            f"attention only: it needs KDTREE_VERIFY=on, not {mode.value}"
+        )
+    if fault.kind == "weight":
+        raise SettingsError(
+            f"{FAULT_ENV_VAR}={env[FAULT_ENV_VAR]!r}: weight faults are not injected into SGLang; "
+            "write a perturbed model with bench/models/make_model.py --perturb LAYER:SIZE"
+        )
+    return fault
+
+
 def parse_mode(raw: str | None) -> VerifyMode:
     """KDTREE_VERIFY's value (case-insensitive, empty = off) as a :class:`VerifyMode`."""
     value = (raw or "").strip().lower() or VerifyMode.OFF.value
@@ -116,6 +142,7 @@ class VerifySettings:
     shadow_error_streak: int = 3
     draft_extend: bool = True
     fp8_numerics: str = "triton"
+    fault: Fault | None = None  # TEST ONLY: KDTREE_INJECT_FAULT
 
     def resolved_for_pool(self, fp8_pool: bool) -> VerifySettings:
         """These settings with ``atol`` fixed: the configured one, or the pool dtype's default."""
@@ -138,8 +165,9 @@ class VerifySettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> VerifySettings:
         """Read every setting; raise :class:`SettingsError` naming the first bad variable."""
         env = os.environ if env is None else env
+        mode = parse_mode(env.get("KDTREE_VERIFY"))
         return cls(
-            mode=parse_mode(env.get("KDTREE_VERIFY")),
+            mode=mode,
             validate_every=_read_int(env, "KDTREE_VALIDATE_EVERY", cls.validate_every, 1),
             shadow_every=_read_int(env, "KDTREE_SHADOW_EVERY", cls.shadow_every, 0),
             atol=_read_float(env, "KDTREE_VERIFY_ATOL", cls.atol),
@@ -149,6 +177,7 @@ class VerifySettings:
             ),
             draft_extend=_read_switch(env, "KDTREE_DRAFT_EXTEND", cls.draft_extend),
             fp8_numerics=_read_choice(env, "KDTREE_FP8_NUMERICS", cls.fp8_numerics, FP8_NUMERICS),
+            fault=_read_fault(env, mode),
         )
 
     def describe(self) -> str:
@@ -166,4 +195,6 @@ class VerifySettings:
             parts.append("draft extend on Triton")
         if self.mode is not VerifyMode.OFF and self.fp8_numerics != type(self).fp8_numerics:
             parts.append(f"fp8 numerics {self.fp8_numerics}")
+        if self.fault is not None:
+            parts.append(f"FAULT INJECTED {FAULT_ENV_VAR}={self.fault.describe()}")
         return ", ".join(parts)

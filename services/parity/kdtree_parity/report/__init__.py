@@ -8,6 +8,12 @@ from pathlib import Path
 from kdtree_parity.report.build import RunEnding, build_report
 from kdtree_parity.report.html import render_html
 from kdtree_parity.report.markdown import render_markdown
+from kdtree_parity.report.resolution import (
+    ResolutionTable,
+    resolution_html,
+    resolution_markdown,
+    with_resolution_html,
+)
 from kdtree_parity.report.schema import SCHEMA_VERSION, Report
 from kdtree_parity.store import Store
 
@@ -18,6 +24,7 @@ __all__ = [
     "build_report",
     "render_html",
     "render_markdown",
+    "render_with_resolution",
     "report_json",
     "write_report_files",
 ]
@@ -27,13 +34,34 @@ def report_json(report: Report) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=1, allow_nan=False) + "\n"
 
 
+def render_with_resolution(
+    report: Report, fmt: str, resolution: ResolutionTable | None = None
+) -> str:
+    """The report as ``fmt`` (json, html, md), the resolution section added to html and md."""
+    if fmt == "json":
+        return report_json(report)
+    prompts = report.summary.prompts_compared
+    if fmt == "html":
+        page = render_html(report)
+        return page if resolution is None else with_resolution_html(
+            page, resolution_html(resolution, prompts)
+        )  # fmt: skip
+    text = render_markdown(report)
+    return text if resolution is None else text + resolution_markdown(resolution, prompts)
+
+
 def write_report_files(
-    store: Store, run_id: str, out_dir: Path, ending: RunEnding | None = None
+    store: Store,
+    run_id: str,
+    out_dir: Path,
+    ending: RunEnding | None = None,
+    resolution: ResolutionTable | None = None,
 ) -> dict[str, Path]:
     """Write report.json, report.html and report.md under ``out_dir/run_id``; return the paths.
 
     Each file is written to a temporary name and renamed, so a reader never sees half a report.
-    ``ending``: see ``build_report``.
+    ``ending``: see ``build_report``; ``resolution``: the gate's measured resolution, printed in
+    the HTML and Markdown (``report/resolution.py``).
     """
     report = build_report(store, run_id, ending)
     target = out_dir / run_id
@@ -43,11 +71,7 @@ def write_report_files(
         "html": target / "report.html",
         "md": target / "report.md",
     }
-    contents = {
-        "json": report_json(report),
-        "html": render_html(report),
-        "md": render_markdown(report),
-    }
+    contents = {key: render_with_resolution(report, key, resolution) for key in paths}
     for key, path in paths.items():
         tmp = path.with_suffix(path.suffix + ".tmp")
         try:

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""The parity gate's resolution, measured: graded faults x corpus size -> verdict.
+
+Starts real reference-engine servers on loopback (``kdtree-engine``): one baseline and, one at a
+time, each candidate: an identical twin, the equivalent-numerics candidate (``KDTREE_VERIFY=on``:
+the verify op, float32 with another summation order) and a candidate per fault x size
+(``KDTREE_INJECT_FAULT``, see ``kdtree_inference.faults``). Every candidate is judged by the real
+gate (``kdtree-parity run``, the A/A twin being the baseline replayed a second time) on the first
+K prompts of a corpus for each K in ``--corpus-sizes``. Writes to ``--out``:
+
+- ``resolution.json``: the policy and corpus used, every cell (candidate, corpus size, verdict,
+  the figures that decided it) and, per fault kind, the smallest size that failed at each corpus
+  size and the largest that passed;
+- ``resolution.md``: the same as tables;
+- ``raw/``: every server's log, every gate run's stdout/stderr and its report directory.
+
+The corpus for K prompts is the shipped ``short`` corpus followed by the ``default`` corpus, its
+first K entries. The policy is ``--policy`` (default ``short``) with ``gate.min_prompts`` set to
+the smallest corpus size, so that every size can be decided (stated in the output).
+
+    .venv/bin/python bench/parity_resolution.py                      # the committed grid
+    .venv/bin/python bench/parity_resolution.py --corpus-sizes 24 --faults scale:0.001
+    python3 bench/parity_resolution.py --servers sglang --policy default ...   # GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kdtree_inference.engine.launch import EngineProcess
+from kdtree_inference.faults import ENV_VAR, parse_fault
+from kdtree_parity.corpus import load_corpus
+from kdtree_parity.policy import BUILTIN_POLICIES, builtin_policy_path, parse_policy
+
+DEFAULT_OUT = Path("bench/results/parity_resolution")
+DEFAULT_SIZES = (12, 24, 40)
+# Sizes bracket each kind's threshold under the shipped short policy (see docs/parity.md).
+DEFAULT_FAULTS = (
+    "scale:0.0001",
+    "scale:0.0002",
+    "scale:0.001",
+    "weight:1:0.00003",
+    "weight:1:0.0001",
+    "weight:1:0.001",
+    "kv_drop:48",
+    "kv_drop:32",
+    "kv_drop:16",
+    "tree_mask:7",
+    "tree_mask:3",
+    "tree_mask:0",
+)
+# Candidates that must pass: the same server again, and the same model with other numerics.
+CONTROLS = {"identical": {}, "equivalent_numerics": {"KDTREE_VERIFY": "on"}}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # "identical", "equivalent_numerics" or a fault's KDTREE_INJECT_FAULT value
+    env: dict[str, str]
+    kind: str | None = None  # the fault kind, None for a control
+    size: float | None = None
+    options: dict = field(default_factory=dict)  # engine CLI options (the kv-splits control)
+
+
+@dataclass
+class Cell:
+    candidate: str
+    kind: str | None
+    size: float | None
+    prompts: int
+    verdict: str
+    exit_code: int
+    failed_rules: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+
+
+def candidates(faults: list[str], kv_splits: int | None = None) -> list[Candidate]:
+    """The controls (plus, with ``kv_splits``, the split-KV equivalent-numerics candidate), then
+    one candidate per fault."""
+    out = [Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env}) for name, env in
+           CONTROLS.items()]  # fmt: skip
+    if kv_splits:
+        out.append(Candidate(f"kv_splits_{kv_splits}", {"KDTREE_VERIFY": "off", ENV_VAR: ""},
+                             options={"attention_kv_splits": kv_splits}))  # fmt: skip
+    for spec in faults:
+        fault = parse_fault(spec)  # refuses a malformed grid before any server starts
+        out.append(Candidate(spec, {"KDTREE_VERIFY": "off", ENV_VAR: spec}, fault.kind, fault.size))
+    return out
+
+
+def write_corpus(path: Path, prompts: int) -> Path:
+    lines = []
+    for name in ("short", "default"):
+        lines += load_corpus(name).raw.decode().splitlines()
+    if prompts > len(lines):
+        raise SystemExit(f"parity_resolution: at most {len(lines)} prompts, got {prompts}")
+    path.write_text("\n".join(lines[:prompts]) + "\n")
+    return path
+
+
+def write_policy(path: Path, base: str, min_prompts: int) -> tuple[Path, dict]:
+    source = builtin_policy_path(base) if base in BUILTIN_POLICIES else Path(base)
+    data = yaml.safe_load(source.read_text()) or {}
+    data.setdefault("gate", {})["min_prompts"] = min_prompts
+    text = yaml.safe_dump(data, sort_keys=False)
+    parse_policy(text)
+    path.write_text(text)
+    return path, data
+
+
+def figures(report: dict) -> dict:
+    """The numbers that decide a verdict, from report.json: candidate vs baseline and excess."""
+    summary = report.get("summary") or {}
+    cand = summary.get("candidate") or {}
+    drift = cand.get("drift") or {}
+    return {
+        "compared": cand.get("compared"),
+        "exact_rate": cand.get("exact_rate"),
+        "divergence_rate": cand.get("divergence_rate"),
+        "hard": cand.get("hard"),
+        "near_tie": cand.get("near_tie"),
+        "drift_p99": drift.get("p99"),
+        "drift_max": drift.get("max"),
+        "excess": summary.get("excess"),
+    }
+
+
+def failed_rules(report: dict) -> list[str]:
+    reasons = (report.get("verdict") or {}).get("reasons") or []
+    return [r["rule"] for r in reasons if r.get("outcome") != "pass"]
+
+
+def judge(
+    baseline: str,
+    candidate: str,
+    corpus: Path,
+    policy: Path,
+    raw: Path,
+    tag: str,
+    floor: str | None = None,
+) -> tuple[int, dict]:
+    out = raw / "runs" / tag
+    cmd = [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
+           "--candidate", candidate, "--corpus", str(corpus), "--policy", str(policy),
+           "--out", str(out), "--db", str(raw / "runs.sqlite3"), "--no-progress",
+           *(["--floor", floor] if floor else [])]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    (raw / "gate" / f"{tag}.stdout").write_text(proc.stdout)
+    (raw / "gate" / f"{tag}.stderr").write_text(proc.stderr)
+    reports = sorted(out.glob("*/report.json"))
+    report = json.loads(reports[-1].read_text()) if reports else {}
+    return proc.returncode, report
+
+
+@contextlib.contextmanager
+def engine_server(
+    raw: Path, tag: str, env: dict[str, str], options: dict | None = None
+) -> Iterator[str]:
+    """A reference-engine server on loopback with ``env`` and CLI ``options``; yields its URL."""
+    server = EngineProcess(raw / "servers" / f"{tag}.log", env=env, **(options or {}))
+    try:
+        server.wait()
+        yield server.url
+    finally:
+        server.stop()
+
+
+def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> StartServer:
+    """A ``start_server`` for real SGLang servers (``bench/sglang_servers.py``) on the GPU
+    machine: the ``preset`` model written to ``model_dir`` by ``bench/models/make_model.py``,
+    EAGLE tree speculation, radix cache off (deterministic at concurrency 1) and eager forwards
+    (``kv_drop``/``tree_mask`` faults cannot be captured in CUDA graphs; the baseline runs eager
+    too, so every candidate is compared at the same numerics). ``KDTREE_INJECT_FAULT=weight:..``
+    serves a perturbed model copy (``make_model.py --perturb``) with KDTREE_VERIFY=off; the other
+    faults run KDTREE_VERIFY=on with the variable set."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+    import make_model
+    from sglang_servers import ServerSpec, SGLangServer
+
+    if not (model_dir / "model.safetensors").is_file():
+        make_model.write_model(model_dir, preset, device="cuda")
+
+    @contextlib.contextmanager
+    def start(
+        raw: Path, tag: str, env: dict[str, str], options: dict | None = None
+    ) -> Iterator[str]:
+        if options:
+            raise ValueError(f"{tag}: engine options {options} have no SGLang counterpart here")
+        env = dict(env)
+        model, fault = model_dir, parse_fault(env.get(ENV_VAR))
+        if fault is not None and fault.kind == "weight":
+            model = model_dir.with_name(f"{model_dir.name}-{tag}")
+            if not (model / "model.safetensors").is_file():
+                made = make_model.write_model(
+                    model, preset, device="cuda", perturb=(fault.layer, fault.size)
+                )
+                print(f"{tag}: realized relative size {made['kdtree_model']['perturb']}")
+            env[ENV_VAR] = ""
+        mode = env.pop("KDTREE_VERIFY", "off")
+        if fault is not None and fault.kind != "weight":
+            mode = "on"
+        spec = ServerSpec(name=tag, mode=mode, model=model, cuda_graphs=False,
+                          radix_cache=False, env=env)  # fmt: skip
+        server = SGLangServer(spec, raw / "servers")
+        try:
+            server.wait_ready(timeout_s)
+            yield server.url
+        finally:
+            server.stop()
+
+    return start
+
+
+StartServer = Callable[..., contextlib.AbstractContextManager[str]]
+
+
+def measure(
+    faults: list[str],
+    sizes: list[int],
+    out: Path,
+    policy_name: str,
+    log=print,
+    start_server: StartServer = engine_server,
+    servers: str = "reference engine",
+    floor_kv_splits: int | None = None,
+) -> dict:
+    """Run the grid; return (and write to ``out``) the table. ``start_server(raw, tag, env,
+    options)`` starts one server (the baseline: tag ``baseline``) and yields its URL.
+    ``floor_kv_splits``: also start an A/A' floor (the baseline with ``--attention-kv-splits``,
+    for a gate that takes ``--floor``) and add that configuration as a candidate."""
+    raw = out / "raw"
+    for sub in ("servers", "gate", "runs"):
+        (raw / sub).mkdir(parents=True, exist_ok=True)
+    db = raw / "runs.sqlite3"
+    db.unlink(missing_ok=True)
+    corpora = {k: write_corpus(raw / f"corpus_{k}.jsonl", k) for k in sizes}
+    policy, policy_data = write_policy(raw / "policy.yaml", policy_name, min(sizes))
+    cells: list[Cell] = []
+    started = time.monotonic()
+    stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
+    with contextlib.ExitStack() as stack:
+        baseline = stack.enter_context(start_server(raw, "baseline", stock))
+        floor = None
+        if floor_kv_splits:
+            floor_server = start_server(
+                raw, "floor", stock, {"attention_kv_splits": floor_kv_splits}
+            )
+            floor = stack.enter_context(floor_server)
+        for cand in candidates(faults, floor_kv_splits):
+            tag = cand.name.replace(":", "_")
+            with start_server(raw, tag, cand.env, cand.options) as url:
+                for k in sizes:
+                    code, report = judge(
+                        baseline, url, corpora[k], policy, raw, f"{tag}_{k}", floor
+                    )
+                    verdict = (report.get("verdict") or {}).get("status") or "error"
+                    cell = Cell(cand.name, cand.kind, cand.size, k, verdict, code,
+                                failed_rules(report), figures(report))  # fmt: skip
+                    cells.append(cell)
+                    log(f"{cand.name:>22} x {k:>3} prompts: {verdict} (exit {code}) "
+                        f"{cell.failed_rules}")  # fmt: skip
+    table = {
+        "servers": servers,
+        "floor": f"baseline with --attention-kv-splits {floor_kv_splits}" if floor else None,
+        "policy": {"base": policy_name, "min_prompts": min(sizes), "settings": policy_data},
+        "corpus": "first K prompts of short + default",
+        "corpus_sizes": sizes,
+        "max_new_tokens": policy_data.get("replay", {}).get("max_new_tokens"),
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "cells": [cell.__dict__ for cell in cells],
+        "resolution": resolution(cells, sizes),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "resolution.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out / "resolution.md").write_text(markdown(table))
+    return table
+
+
+def resolution(cells: list[Cell], sizes: list[int]) -> dict:
+    """Per kind and corpus size: the smallest faulty size that failed and the largest that
+    passed. A kv_drop or tree_mask fault is worse the *smaller* its position or row, so its
+    "smallest detected" is the largest position or row that failed."""
+    out: dict = {}
+    for kind in sorted({c.kind for c in cells if c.kind}):
+        larger_is_worse = kind in ("scale", "weight")
+        per_size = {}
+        for k in sizes:
+            mine = [c for c in cells if c.kind == kind and c.prompts == k]
+            failed = [abs(c.size) for c in mine if c.verdict == "fail"]
+            passed = [abs(c.size) for c in mine if c.verdict == "pass"]
+            pick_failed, pick_passed = (min, max) if larger_is_worse else (max, min)
+            per_size[str(k)] = {
+                "smallest_detected": pick_failed(failed) if failed else None,
+                "largest_missed": pick_passed(passed) if passed else None,
+            }
+        out[kind] = per_size
+    return out
+
+
+def markdown(table: dict) -> str:
+    sizes = table["corpus_sizes"]
+    lines = [
+        f"# Parity gate resolution ({table.get('servers', 'reference engine')})",
+        "",
+        f"Policy `{table['policy']['base']}` with `gate.min_prompts: "
+        f"{table['policy']['min_prompts']}`, {table['max_new_tokens']} new tokens per prompt; "
+        f"corpus: {table['corpus']}. Generated by `bench/parity_resolution.py` in "
+        f"{table['elapsed_s']} s.",
+        "",
+        "| candidate | " + " | ".join(f"{k} prompts" for k in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    by_name: dict[str, dict[int, dict]] = {}
+    for cell in table["cells"]:
+        by_name.setdefault(cell["candidate"], {})[cell["prompts"]] = cell
+    for name, row in by_name.items():
+        entries = []
+        for k in sizes:
+            cell = row.get(k)
+            if cell is None:
+                entries.append("-")
+                continue
+            rules = ", ".join(cell["failed_rules"])
+            entries.append(f"**{cell['verdict']}**" + (f" ({rules})" if rules else ""))
+        lines.append(f"| `{name}` | " + " | ".join(entries) + " |")
+    lines += ["", "Smallest fault detected (kv_drop, tree_mask: the largest position/row that "
+              "failed; a later position or row is a smaller fault):", "",
+              "| kind | " + " | ".join(f"{k} prompts" for k in sizes) + " |",
+              "|---|" + "---|" * len(sizes)]  # fmt: skip
+    for kind, per_size in table["resolution"].items():
+        values = []
+        for k in sizes:
+            found = per_size[str(k)]["smallest_detected"]
+            values.append("none failed" if found is None else f"{found:g}")
+        lines.append(f"| `{kind}` | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--corpus-sizes", default=",".join(map(str, DEFAULT_SIZES)))
+    p.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
+                   help="comma-separated KDTREE_INJECT_FAULT values")  # fmt: skip
+    p.add_argument("--policy", default="short", help="policy path or shipped name")
+    p.add_argument(
+        "--servers",
+        choices=("engine", "sglang"),
+        default="engine",
+        help="reference engines (CPU) or real SGLang servers (GPU machine)",
+    )
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=Path("/tmp/models/tiny"),
+        help="sglang: the model directory (written by make_model.py if absent)",
+    )
+    p.add_argument("--preset", default="tiny", help="sglang: make_model.py preset")
+    p.add_argument(
+        "--floor-kv-splits",
+        type=int,
+        default=None,
+        help="engine: judge against an A/A' floor, the baseline with "
+        "--attention-kv-splits N (needs a gate with --floor)",
+    )
+    args = p.parse_args(argv)
+    try:
+        sizes = sorted({int(k) for k in args.corpus_sizes.split(",") if k.strip()})
+        faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+        for spec in faults:
+            parse_fault(spec)
+    except ValueError as exc:
+        print(f"parity_resolution: {exc}", file=sys.stderr)
+        return 2
+    if not sizes or sizes[0] < 1:
+        print("parity_resolution: --corpus-sizes needs positive integers", file=sys.stderr)
+        return 2
+    if args.servers == "sglang":
+        start = sglang_servers(args.model_dir, args.preset)
+        measure(faults, sizes, args.out, args.policy, start_server=start,
+                servers=f"SGLang, {args.preset} model")  # fmt: skip
+    else:
+        measure(faults, sizes, args.out, args.policy, floor_kv_splits=args.floor_kv_splits)
+    print(f"wrote {args.out / 'resolution.md'} and {args.out / 'resolution.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The SGLang backend's side of ``KDTREE_INJECT_FAULT`` (TEST ONLY; see ``kdtree_inference.faults``).
+
+Applied in the kdtree path only: target-verify forwards that the kernel serves with
+KDTREE_VERIFY=on (prefill, the draft model and every layer the kernel does not serve stay
+stock). ``scale`` multiplies the kernel's softmax scale; ``kv_drop`` and ``tree_mask`` edit the
+forward's marshaled inputs once, before the kernel's plan is updated, and read index tensors on
+the host, so they need eager forwards (``--disable-cuda-graph``); a CUDA-graph capture with one
+of them set is refused. ``weight`` faults are not served here: write a perturbed model copy with
+``bench/models/make_model.py --perturb LAYER:SIZE``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..faults import Fault, VerifyLayout, apply_to_layout
+from .marshal import VerifyInputs
+
+LAYOUT_KINDS = ("kv_drop", "tree_mask")
+
+
+class FaultNeedsEagerError(RuntimeError):
+    """A layout fault met a CUDA-graph capture, where the host cannot read the indices."""
+
+
+def faulty_inputs(inputs: VerifyInputs, fault: Fault | None, phase: str) -> VerifyInputs:
+    """``inputs`` with ``fault``'s layout edit, the kernel plan re-planned on the edited
+    indices; unchanged for no fault or a ``scale`` fault. ``phase``: eager, capture or replay."""
+    if fault is None or fault.kind not in LAYOUT_KINDS:
+        return inputs
+    if phase != "eager":
+        raise FaultNeedsEagerError(
+            f"KDTREE_INJECT_FAULT={fault.describe()} edits the verify indices on the host and "
+            "cannot be captured in a CUDA graph: start the server with --disable-cuda-graph"
+        )
+    layout = apply_to_layout(
+        fault,
+        VerifyLayout(
+            inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.custom_mask,
+            inputs.mask_indptr,
+        ),
+    )  # fmt: skip
+    if inputs.plan is not None:
+        inputs.plan.update(layout.qo_indptr, layout.kv_indptr, layout.mask_indptr)
+    return dataclasses.replace(
+        inputs,
+        kv_indptr=layout.kv_indptr,
+        kv_indices=layout.kv_indices,
+        custom_mask=layout.custom_mask,
+        mask_indptr=layout.mask_indptr,
+    )
