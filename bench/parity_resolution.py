@@ -12,7 +12,8 @@ K prompts of a corpus for each K in ``--corpus-sizes``. Writes to ``--out``:
   the figures that decided it) and, per fault kind, the smallest size that failed at each corpus
   size and the largest that passed;
 - ``resolution.md``: the same as tables;
-- ``raw/``: every server's log, every gate run's stdout/stderr and its report directory.
+- ``raw.tar.xz``: ``raw/``, every server's log, every gate run's stdout/stderr and its report
+  directory (left unpacked if the grid fails).
 
 The corpus for K prompts is the shipped ``short`` corpus followed by the ``default`` corpus, its
 first K entries. The policy is ``--policy`` (default ``short``) with ``gate.min_prompts`` set to
@@ -28,8 +29,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -284,6 +287,10 @@ def measure(
     out.mkdir(parents=True, exist_ok=True)
     (out / "resolution.json").write_text(json.dumps(table, indent=2) + "\n")
     (out / "resolution.md").write_text(markdown(table))
+    # Hundreds of small logs travel as one archive (the raw folder stays if anything above fails).
+    with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
+        archive.add(raw, arcname="raw")
+    shutil.rmtree(raw)
     return table
 
 
