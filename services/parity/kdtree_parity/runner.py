@@ -398,7 +398,13 @@ def verdict_to_json(verdict: Verdict) -> dict[str, Any]:
     return {
         "status": verdict.status,
         "reasons": [
-            {"rule": r.rule, "outcome": r.outcome, "message": r.message} for r in verdict.reasons
+            {
+                "rule": r.rule,
+                "outcome": r.outcome,
+                "message": r.message,
+                "test": None if r.test is None else r.test.to_json(),
+            }
+            for r in verdict.reasons
         ],
     }
 
