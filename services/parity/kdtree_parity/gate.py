@@ -110,7 +110,8 @@ def decode_rate(outcome: Outcome) -> float | None:
 
 @dataclass(frozen=True)
 class SpeedSamples:
-    """Per-request decode rates (tokens/s) and times to first token (s) by role."""
+    """Per-request decode rates (tokens/s) and times to first token (s) by role. The decode
+    rates of every role cover the same prompts in the same order (paired by prompt)."""
 
     decode_tps: dict[str, tuple[float, ...]] = field(default_factory=dict)
     ttft_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
@@ -128,9 +129,13 @@ class SpeedSamples:
         rates: dict[str, list[float]] = {}
         ttfts: dict[str, list[float]] = {}
         for r in results:
-            for role, outcome in r.outcomes.items():
-                if (rate := decode_rate(outcome)) is not None:
+            # Kept per prompt, in step across roles (a prompt counts only where every role has
+            # a rate), so the speed interval can resample prompts as pairs.
+            prompt_rates = {role: decode_rate(o) for role, o in r.outcomes.items()}
+            if None not in prompt_rates.values():
+                for role, rate in prompt_rates.items():
                     rates.setdefault(role, []).append(rate)
+            for role, outcome in r.outcomes.items():
                 timing = outcome.generation.timing if outcome.generation else None
                 if timing is not None and timing.ttft_s is not None:
                     ttfts.setdefault(role, []).append(timing.ttft_s)
@@ -490,9 +495,11 @@ def _drift_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
 
 def _speed_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float) -> None:
     """The candidate's median decode rate over the baseline's, with a bootstrap interval at
-    ``1 - level``. It fails when the whole interval lies below ``(1 - max_slowdown)`` times the
-    A/A spread's lower bound (the twin's ratio to the baseline, capped at 1): the candidate is
-    slower than the baseline by more than the policy allows and than timing noise explains."""
+    ``1 - level`` (prompts resampled as pairs: a prompt's requests ran at the same time, so the
+    pairing takes out prompt length and machine load). It fails when the whole interval lies
+    below ``(1 - max_slowdown)`` times the A/A ratio (the twin's rate over the baseline's on
+    the same prompts, capped at 1; its interval is reported as the A/A spread): the candidate
+    is slower than the baseline by more than the policy allows beyond what timing noise shows."""
     if gate.max_slowdown is None:
         rule("speed", True, "fail", "no speed rule (max_slowdown: null)")
         return
@@ -510,8 +517,8 @@ def _speed_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
             "too few to compare",
         )
         return
-    (estimate, (low, high)), (aa_ratio, (aa_low, _)) = ratio, spread
-    bound = (1 - gate.max_slowdown) * min(1.0, aa_low)
+    (estimate, (low, high)), (aa_ratio, (aa_low, aa_high)) = ratio, spread
+    bound = (1 - gate.max_slowdown) * min(1.0, aa_ratio)
     slower = high < bound
     test = TestResult(
         name="decode_speed",
@@ -531,7 +538,8 @@ def _speed_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
         "fail",
         f"median decode {speed.median_decode('candidate'):.4g} vs baseline "
         f"{speed.median_decode('baseline'):.4g} tokens/s, ratio {estimate:.3f} "
-        f"[{low:.3f}, {high:.3f}]; A/A ratio {aa_ratio:.3f} (low {aa_low:.3f}); refused below "
+        f"[{low:.3f}, {high:.3f}]; A/A ratio {aa_ratio:.3f} [{aa_low:.3f}, {aa_high:.3f}]; "
+        f"refused when the interval lies below "
         f"{bound:.3f} (max_slowdown {gate.max_slowdown:g})"
         + (
             f"; median time to first token {ttft[0]:.4g}s vs {ttft[1]:.4g}s"

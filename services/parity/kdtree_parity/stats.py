@@ -8,8 +8,9 @@ an A/A' target, otherwise the exact A/A twin):
 * divergences: does the candidate diverge from the baseline on more prompts than the floor does?
   One-sided Fisher exact test on the 2x2 table diverged/exact x candidate/floor
   (``scipy.stats.fisher_exact``, alternative ``greater``);
-* speed: the ratio of the candidate's median decode rate to the baseline's, with a bootstrap
-  percentile interval (``scipy.stats.bootstrap``), next to the same ratio for the floor.
+* speed: the ratio of the candidate's median decode rate to the baseline's, with a paired
+  bootstrap percentile interval (``scipy.stats.bootstrap``), next to the same ratio for the
+  A/A twin (the timing noise of the run).
 
 Each test runs at ``alpha / TESTS_PER_RUN`` (Bonferroni), so the policy's ``alpha`` bounds the
 probability that a candidate as good as the floor fails any of them. A test alone never fails a
@@ -99,9 +100,11 @@ def median_ratio(
     candidate: Sequence[float], baseline: Sequence[float], alpha: float
 ) -> tuple[float, tuple[float, float]] | None:
     """median(candidate) / median(baseline) with a bootstrap percentile interval at level
-    ``1 - alpha`` (each sample resampled independently); None when a sample has fewer than two
-    values or a zero median."""
-    if len(candidate) < 2 or len(baseline) < 2 or median(baseline) <= 0:
+    ``1 - alpha``. The samples are paired (the same prompts, in the same order) and resampled
+    as pairs. None when a sample has fewer than two values or a zero median."""
+    if len(candidate) != len(baseline):
+        raise ValueError(f"paired samples of {len(candidate)} and {len(baseline)} values")
+    if len(candidate) < 2 or median(baseline) <= 0:
         return None
     estimate = median(candidate) / median(baseline)
 
@@ -116,6 +119,7 @@ def median_ratio(
         n_resamples=BOOTSTRAP_RESAMPLES,
         confidence_level=1 - alpha,
         method="percentile",
+        paired=True,
         vectorized=True,
         rng=np.random.default_rng(BOOTSTRAP_SEED),
     )
