@@ -54,24 +54,28 @@ def _merged(
     sm_scale: float,
     splits: int,
 ) -> torch.Tensor:
-    """softmax(q k^T) v over the key chunks, each reduced alone, then merged by max/LSE."""
-    maxima, sums, partials = [], [], []
-    for chunk in torch.tensor_split(torch.arange(keys.shape[0]), splits):
-        if chunk.numel() == 0:
+    """softmax(q k^T) v with the keys reduced in chunks, each alone, then merged by max/LSE."""
+    scores = torch.einsum("nhd,kd->nhk", queries, keys) * sm_scale
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    num = den = m_all = None
+    for chunk, vals in zip(
+        torch.tensor_split(scores, splits, dim=-1),
+        torch.tensor_split(values, splits, dim=0),
+        strict=True,
+    ):
+        if chunk.shape[-1] == 0:
             continue
-        scores = torch.einsum("nhd,kd->nhk", queries, keys[chunk]) * sm_scale
-        scores = scores.masked_fill(~visible[:, None, chunk], float("-inf"))
-        m = scores.amax(dim=-1)  # [N, H]; -inf where the chunk is wholly masked for a row
+        m = chunk.amax(dim=-1)  # [N, H]; -inf where the chunk is wholly masked for a row
         safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        weights = torch.exp(scores - safe[..., None])
-        maxima.append(m)
-        sums.append(weights.sum(dim=-1))
-        partials.append(torch.einsum("nhk,kd->nhd", weights, values[chunk]))
-    m_all = torch.stack(maxima).amax(dim=0)
-    num = torch.zeros_like(partials[0])
-    den = torch.zeros_like(sums[0])
-    for m, s, o in zip(maxima, sums, partials, strict=True):
-        scale = torch.where(torch.isfinite(m), torch.exp(m - m_all), torch.zeros_like(m))
-        num += scale[..., None] * o
-        den += scale * s
+        weights = torch.exp(chunk - safe[..., None])
+        part_sum, part = weights.sum(dim=-1), torch.einsum("nhk,kd->nhd", weights, vals)
+        if m_all is None:
+            num, den, m_all = part, part_sum, safe
+            continue
+        # Running merge (flash-decoding's reduce): rescale both sides to the larger maximum.
+        new = torch.maximum(m_all, safe)
+        old_scale, part_scale = torch.exp(m_all - new), torch.exp(safe - new)
+        num = num * old_scale[..., None] + part * part_scale[..., None]
+        den = den * old_scale + part_sum * part_scale
+        m_all = new
     return num / den[..., None]
