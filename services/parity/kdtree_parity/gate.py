@@ -20,6 +20,14 @@ divergence-rate and the speed rules are statistical tests (``stats.py``): each f
 its effect is significant at ``alpha / 3`` AND beyond the policy's margin, and each reason
 carries its test's statistic, p-value and decision. The hard-divergence rule stays a count: any
 hard divergence in excess of the floor's fails.
+
+Public API (stable, used by harnesses that grade faults against the gate): ``summarize(results,
+prompts_total) -> Summary`` (``.candidate``, ``.aa``, ``.floor`` -- None without an A/A'
+target --, ``.noise``, the floor actually used, and ``.speed``, per-role ``SpeedSamples``);
+``decide(summary, gate_settings) -> Verdict`` (``.status`` pass/fail/error, ``.reasons``, each a
+``Reason`` with ``.rule``, ``.outcome``, ``.message`` and ``.test``, a ``stats.TestResult`` for
+the rules ``logprob_drift_p99``, ``excess_divergence_rate`` and ``speed``). A ``PromptResult``
+carries the A/A' comparison in ``.floor`` and the A/A' answer as ``outcomes["floor"]``.
 """
 
 from __future__ import annotations
