@@ -282,7 +282,7 @@ def test_slower_candidate_is_not_promoted(reference_server, stage) -> None:
     and it is the only rule that does."""
     sandbox = stage(_pair(reference_server, decode_step_delay=1.0))
     result = sandbox.promote("slow1")
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode != 0, result.stdout + result.stderr  # make's exit for a failed verb
     assert "NOT PROMOTED: the parity gate said fail" in result.stderr
     assert sandbox.tag_calls() == [] and STABLE not in sandbox.images()
     [report] = sandbox.reports.glob("*/*/report.json")
