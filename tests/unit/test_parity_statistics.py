@@ -195,3 +195,13 @@ def test_policy_alpha_and_max_slowdown_load_strictly_and_default() -> None:
             parse_policy(f"gate:\n  {bad}\n")
     with pytest.raises(PolicyError, match=r"duplicate key 'alpha' \(first on line 2\)"):
         parse_policy("gate:\n  alpha: 0.05\n  alpha: 0.01\n")
+
+
+def test_a_one_prompt_run_is_judged_on_its_point_estimate() -> None:
+    """A single prompt has no spread to resample: the speed rule decides on the ratio itself
+    rather than leaving every one-prompt run undecided."""
+    one = _run(3e-4, 3e-4, n=1)
+    speed = _reason(decide(one, GATE.model_copy(update={"min_prompts": 1})), "speed")
+    assert speed.outcome == "pass" and speed.test.interval[0] == speed.test.interval[1]
+    slow = _reason(decide(_run(3e-4, 3e-4, n=1, cand_tps=30.0), GATE), "speed")
+    assert slow.outcome == "fail"

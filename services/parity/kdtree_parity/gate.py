@@ -522,7 +522,7 @@ def _speed_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
             False,
             "undecided",
             f"decode rates measured on {len(cand)} candidate and {len(base)} baseline requests: "
-            "too few to compare",
+            "nothing to compare",
         )
         return
     (estimate, (low, high)), (aa_ratio, (aa_low, aa_high)) = ratio, spread

@@ -101,17 +101,18 @@ def median_ratio(
 ) -> tuple[float, tuple[float, float]] | None:
     """median(candidate) / median(baseline) with a bootstrap percentile interval at level
     ``1 - alpha``. The samples are paired (the same prompts, in the same order) and resampled
-    as pairs. None when a sample has fewer than two values or a zero median."""
+    as pairs. A single pair has no spread to resample: its interval is the point itself. None
+    when the samples are empty or the baseline's median is not positive."""
     if len(candidate) != len(baseline):
         raise ValueError(f"paired samples of {len(candidate)} and {len(baseline)} values")
-    if len(candidate) < 2 or median(baseline) <= 0:
+    if not candidate or median(baseline) <= 0:
         return None
     estimate = median(candidate) / median(baseline)
 
     def ratio(c: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.median(c, axis=axis) / np.maximum(np.median(b, axis=axis), 1e-300)
 
-    if len(set(candidate)) == 1 and len(set(baseline)) == 1:
+    if len(candidate) == 1 or (len(set(candidate)) == 1 and len(set(baseline)) == 1):
         return estimate, (estimate, estimate)
     res = stats.bootstrap(
         (np.asarray(candidate, dtype=float), np.asarray(baseline, dtype=float)),
