@@ -6,6 +6,7 @@ transcribed from ``TokenizerManager._handle_batch_output`` / ``add_logprob_to_me
 ``_calculate_spec_decoding_metrics`` (sglang/srt/managers/tokenizer_manager.py):
 meta_info = {id, finish_reason, prompt_tokens, weight_version, num_retractions}
             + {reasoning_tokens, completion_tokens, cached_tokens} + e2e_latency when finished
+            + first_token_latency, decode_throughput (what SGLang adds with --enable-metrics)
             + spec_{accept_rate, accept_length, num_correct_drafts, num_proposed_drafts, verify_ct}
             + with return_logprob: input_token_logprobs, output_token_logprobs,
               output_token_logprobs_length, and with top_logprobs_num > 0 input_top_logprobs,
@@ -29,7 +30,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from kdtree_inference.engine.tokenizer import EOS_ID, VOCAB_SIZE
 
 BASE_META = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
-             "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency"}  # fmt: skip
+             "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
+             "first_token_latency", "decode_throughput"}  # fmt: skip
 SPEC_META = {"spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_verify_ct"}  # fmt: skip
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}

@@ -277,6 +277,42 @@ def test_failing_gate_tags_nothing_and_says_why(reference_server, stage) -> None
     assert any(c[0] == "compose" and "down" in c for c in sandbox.calls())
 
 
+def test_slower_candidate_is_not_promoted(reference_server, stage) -> None:
+    """Correct but slow on purpose (a sleep after every decode step): the speed rule refuses it,
+    and it is the only rule that does."""
+    sandbox = stage(_pair(reference_server, decode_step_delay=1.0))
+    result = sandbox.promote("slow1")
+    assert result.returncode != 0, result.stdout + result.stderr  # make's exit for a failed verb
+    assert "NOT PROMOTED: the parity gate said fail" in result.stderr
+    assert sandbox.tag_calls() == [] and STABLE not in sandbox.images()
+    [report] = sandbox.reports.glob("*/*/report.json")
+    reasons = json.loads(report.read_text())["verdict"]["reasons"]
+    assert [r["rule"] for r in reasons if r["outcome"] != "pass"] == ["speed"], reasons
+    speed = next(r for r in reasons if r["rule"] == "speed")
+    assert speed["test"]["interval"][1] < 0.25  # the short policy's max_slowdown 0.75
+    assert any("speed" in reason for reason in _only_record(sandbox)["gate"]["reasons"])
+
+
+def test_promote_with_the_floor_runs_it_and_judges_against_it(reference_server, stage) -> None:
+    urls = _pair(reference_server)
+    urls["inference-floor"] = reference_server(attention_kv_splits=3)
+    sandbox = stage(urls)
+    result = sandbox.promote("floor1", "--floor")
+    assert result.returncode == 0, result.stdout + result.stderr
+    up = [c for c in sandbox.calls() if c[0] == "compose" and "up" in c]
+    assert up and "inference-floor" in up[0] and "floor" in up[0]
+    [report] = sandbox.reports.glob("*/*/report.json")
+    data = json.loads(report.read_text())
+    assert {t["role"]: t["url"] for t in data["targets"]}["floor"] == urls["inference-floor"]
+    assert data["summary"]["floor"]["drift"]["max"] > 0  # a floor with noise, not a twin
+    assert _only_record(sandbox)["action"] == "promote"
+
+
+def _only_record(sandbox: Stage) -> dict[str, Any]:
+    [record_file] = sandbox.record_files()
+    return json.loads(record_file.read_text())
+
+
 def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
     """The real sidecar says error: the candidate never answers /health within the deadline."""
     urls = {"inference-baseline": reference_server(), "inference-candidate": "http://127.0.0.1:9"}

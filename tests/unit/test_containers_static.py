@@ -25,7 +25,7 @@ from compose_model import command_args, enabled_services, gpu_devices, load_comp
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GATE = {"inference-baseline", "inference-candidate", "parity"}
-SGLANG_SERVICES = {"inference-baseline", "inference-candidate", "inference"}
+SGLANG_SERVICES = {"inference-baseline", "inference-candidate", "inference", "inference-floor"}
 DEMO = {"demo-baseline", "demo-candidate", "demo-parity"}
 
 
@@ -62,6 +62,9 @@ def test_plain_up_starts_exactly_the_gate_trio() -> None:
     assert enabled_services(compose, None) == GATE
     assert enabled_services(compose, ["serve"]) == {"inference"}
     assert enabled_services(compose, ["demo"]) == DEMO
+    # The A/A' floors start only when asked for, beside their pair.
+    assert enabled_services(compose, ["gate", "floor"]) == GATE | {"inference-floor"}
+    assert enabled_services(compose, ["demo", "demo-floor"]) == DEMO | {"demo-floor"}
 
 
 def test_each_inference_service_runs_its_verify_mode() -> None:
@@ -79,6 +82,13 @@ def test_each_inference_service_runs_its_verify_mode() -> None:
     assert [a for a in baseline if a != "--enable-deterministic-inference"] == candidate
     assert "--speculative-algorithm" in candidate and "--model-path" in candidate
     assert command_args(services["inference"]) == candidate
+    # The A/A' floor: the candidate's arguments (kernel off) plus another KV split count.
+    assert modes["inference-floor"] == "off" and modes["demo-floor"] == "off"
+    floor = command_args(services["inference-floor"])
+    assert floor == [*candidate, "--triton-attention-num-kv-splits", "16"]
+    demo_floor = command_args(services["demo-floor"])
+    assert demo_floor[-2:] == ["--attention-kv-splits", "3"]
+    assert demo_floor[:-2] == command_args(services["demo-baseline"])
     # SGLang exports the kdtree_verify_* metrics (validate-mode differences, fallbacks) only with it.
     assert "--enable-metrics" in candidate
     serve = load_compose({"KDTREE_VERIFY": "validate"})["services"]["inference"]
@@ -105,7 +115,8 @@ def test_parity_waits_for_both_servers_to_be_healthy() -> None:
 
 
 def test_gpu_reservations_only_where_sglang_runs() -> None:
-    env = {"KDTREE_BASELINE_GPUS": "2,3", "KDTREE_CANDIDATE_GPUS": "4,5", "KDTREE_GPUS": "6"}
+    env = {"KDTREE_BASELINE_GPUS": "2,3", "KDTREE_CANDIDATE_GPUS": "4,5", "KDTREE_GPUS": "6",
+           "KDTREE_FLOOR_GPUS": "7"}  # fmt: skip
     services = load_compose(env)["services"]
     with_gpu = {name for name, s in services.items() if gpu_devices(s)}
     assert with_gpu == SGLANG_SERVICES
@@ -114,6 +125,7 @@ def test_gpu_reservations_only_where_sglang_runs() -> None:
         "inference": ["6"],
         "inference-baseline": ["2,3"],
         "inference-candidate": ["4,5"],
+        "inference-floor": ["7"],
     }
     for name in SGLANG_SERVICES:
         service = services[name]
@@ -140,7 +152,7 @@ def test_ports_come_from_the_environment() -> None:
 
 def test_demo_profile_needs_no_gpu_and_no_model() -> None:
     services = load_compose()["services"]
-    for name in DEMO:
+    for name in DEMO | {"demo-floor"}:
         text = yaml.safe_dump(services[name])
         assert "nvidia" not in text and "/models" not in text
     assert {services[n]["build"]["target"] for n in DEMO} == {"demo", "parity"}
@@ -358,7 +370,8 @@ def test_reference_engine_accepts_the_demo_commands() -> None:
     from kdtree_inference.engine.server import build_parser, config_from_args
 
     services = load_compose()["services"]
-    for args in (*(command_args(services[n]) for n in ("demo-baseline", "demo-candidate")),
+    for args in (*(command_args(services[n]) for n in ("demo-baseline", "demo-candidate",
+                                                       "demo-floor")),
                  _dockerfile_cmd("demo")):  # fmt: skip
         config_from_args(_parse(build_parser(), args, "kdtree-engine"))
 
@@ -372,6 +385,9 @@ def test_parity_cli_accepts_the_sidecar_commands() -> None:
     for name in ("parity", "demo-parity"):
         args = _parse(build_parser(), command_args(services[name]), f"kdtree-parity ({name})")
         assert args.command == "run"
+        assert (
+            services[name]["environment"]["KDTREE_PARITY_FLOOR_URL"] == ""
+        )  # no floor unless asked
         policy = load_policy(args.policy)
         assert len(load_corpus(args.corpus)) >= policy.policy.gate.min_prompts
 

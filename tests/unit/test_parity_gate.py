@@ -41,6 +41,7 @@ def test_all_exact_passes_with_every_rule_listed() -> None:
         "excess_divergence_rate",
         "finish_reasons",
         "logprob_drift_p99",
+        "speed",
     }
     assert all(r.outcome == "pass" for r in verdict.reasons)
 

@@ -51,7 +51,8 @@ PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 32 << 20
 # What a new run is made of; a resume takes all of it from the stored run instead.
 NEW_RUN_FLAGS = {"baseline": "BASELINE_URL", "candidate": "CANDIDATE_URL",
-                 "replica": "REPLICA_URL", "corpus": "CORPUS", "policy": "POLICY", "out": "OUT"}  # fmt: skip
+                 "replica": "REPLICA_URL", "floor": "FLOOR_URL", "corpus": "CORPUS",
+                 "policy": "POLICY", "out": "OUT"}  # fmt: skip
 
 
 def _add_db(p: argparse.ArgumentParser) -> None:
@@ -75,7 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--replica",
         help="a second baseline server for A/A noise; without one the baseline is replayed twice",
     )
-    for role in ("baseline", "candidate", "replica"):
+    run.add_argument(
+        "--floor",
+        help="the A/A' target (env KDTREE_PARITY_FLOOR_URL): the baseline's model and weights "
+        "computed an equivalent, not bit-identical way (e.g. another KV split count); the "
+        "candidate is then judged by its excess over this noise floor",
+    )
+    for role in ("baseline", "candidate", "replica", "floor"):
         run.add_argument(
             f"--{role}-image",
             default=env_default(f"{role.upper()}_IMAGE"),
@@ -228,6 +235,8 @@ def _images(args: argparse.Namespace, has_replica: bool) -> dict[str, str | None
         images["aa"] = args.replica_image
     elif args.baseline_image:
         images["aa"] = args.baseline_image
+    if args.floor_image:
+        images["floor"] = args.floor_image
     return images
 
 
@@ -253,7 +262,7 @@ def _run(args: argparse.Namespace) -> int:
         if not args.baseline or not args.candidate:
             raise _Refusal("--baseline and --candidate are required")
         for flag, url in (("--baseline", args.baseline), ("--candidate", args.candidate),
-                          ("--replica", args.replica)):  # fmt: skip
+                          ("--replica", args.replica), ("--floor", args.floor)):  # fmt: skip
             problem = url and url_problem(url)
             if problem:
                 raise _Refusal(f"{flag}: {problem}")
@@ -289,6 +298,8 @@ def _run(args: argparse.Namespace) -> int:
                     args.baseline_image or None,
                     args.candidate_image or None,
                     args.replica_image or None,
+                    args.floor or None,
+                    args.floor_image or None,
                 ),
                 out_dir=str(out_dir),
             )

@@ -17,6 +17,12 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "BASELINE_IMAGE": ("", "image digest/reference of the baseline, recorded in the report"),
     "CANDIDATE_IMAGE": ("", "image digest/reference of the candidate, recorded in the report"),
     "REPLICA_IMAGE": ("", "image digest/reference of the replica, recorded in the report"),
+    "FLOOR_URL": (
+        "",
+        "optional A/A' target: the baseline computed an equivalent, not "
+        "bit-identical way; the candidate is judged by its excess over it",
+    ),
+    "FLOOR_IMAGE": ("", "image digest/reference of the A/A' target, recorded in the report"),
     "CORPUS": ("default", "corpus: a JSONL path or a shipped name (default, short)"),
     "POLICY": ("default", "policy: a YAML path or a shipped name (default, short)"),
     "DB": ("runs/parity.sqlite3", "SQLite database of runs"),

@@ -9,6 +9,12 @@ top_logprobs_num: k`` with::
                    "output_token_logprobs": [[logprob, token_id, text|null], ...],
                    "output_top_logprobs": [[[logprob, token_id, text|null], ...] | null, ...]}}
 
+When the request is finished ``meta_info`` also carries ``e2e_latency`` (seconds from receipt to
+finish), and with ``--enable-metrics`` ``first_token_latency`` (time to first token) and
+``decode_throughput`` (``(completion_tokens - 1) / (finish - first token)``, tokens/s;
+``srt/observability/req_time_stats.py``). The reference engine sends all three. They are read
+into ``Timing`` for the gate's speed rule; a missing or non-numeric timing field is not an error.
+
 Position ``i`` of both logprob lists describes the distribution that produced ``output_ids[i]``
 (a position whose top-k list came back empty is ``null``). Anything else is a malformed response,
 and so is a logprob that is NaN or +inf (a log-probability is at most 0; ``null`` and ``-inf``
@@ -36,6 +42,51 @@ class TopLogprob:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How fast a target produced one generation, as its ``meta_info`` reports it (seconds,
+    tokens/s). ``decode_tps`` is ``decode_throughput`` when sent, otherwise derived from the
+    latencies (``decode_source`` says which)."""
+
+    e2e_latency_s: float | None = None
+    ttft_s: float | None = None
+    decode_tps: float | None = None
+    decode_source: str | None = None  # decode_throughput | latencies | e2e_latency
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "e2e_latency_s": self.e2e_latency_s,
+            "ttft_s": self.ttft_s,
+            "decode_tps": self.decode_tps,
+            "decode_source": self.decode_source,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timing:
+        return cls(**data)
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def parse_timing(meta: dict[str, Any], completion_tokens: int) -> Timing | None:
+    """The timing fields of a finished request's ``meta_info`` (None when it has none)."""
+    e2e = _positive(meta.get("e2e_latency"))
+    ttft = _positive(meta.get("first_token_latency"))
+    decode, source = _positive(meta.get("decode_throughput")), "decode_throughput"
+    if decode is None and e2e is not None and ttft is not None and completion_tokens > 1:
+        decode_s = e2e - ttft
+        decode, source = ((completion_tokens - 1) / decode_s if decode_s > 0 else None), "latencies"
+    if decode is None and e2e is not None and completion_tokens > 0:
+        decode, source = completion_tokens / e2e, "e2e_latency"
+    if e2e is None and ttft is None and decode is None:
+        return None
+    return Timing(e2e, ttft, decode, source if decode is not None else None)
+
+
+@dataclass(frozen=True)
 class Generation:
     """The greedy output of one target for one prompt, with per-position logprobs."""
 
@@ -45,6 +96,7 @@ class Generation:
     token_texts: tuple[str | None, ...]
     finish_reason: str | None
     text: str = ""
+    timing: Timing | None = None
 
     def top_map(self, position: int) -> dict[int, float] | None:
         """token id -> logprob of the top-k at ``position`` (None when not reported)."""
@@ -74,6 +126,7 @@ class Generation:
             "token_texts": list(self.token_texts),
             "finish_reason": self.finish_reason,
             "text": self.text,
+            "timing": None if self.timing is None else self.timing.to_json(),
         }
 
     @classmethod
@@ -88,6 +141,7 @@ class Generation:
             token_texts=tuple(data["token_texts"]),
             finish_reason=data["finish_reason"],
             text=data.get("text", ""),
+            timing=None if data.get("timing") is None else Timing.from_json(data["timing"]),
         )
 
 
@@ -165,6 +219,7 @@ def parse_generate_response(body: Any) -> Generation:
         token_texts=tuple(t.text for t in triples),
         finish_reason=finish_type,
         text=text if isinstance(text, str) else "",
+        timing=parse_timing(meta, len(output_ids)),
     )
     if problem := generation.logprob_problem():
         raise MalformedResponse(problem)

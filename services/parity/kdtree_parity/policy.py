@@ -154,6 +154,20 @@ class GateSettings(_Strict):
         _default("gate", "allow_aa_divergence"),
         description="if false, any A/A difference makes the run undecidable",
     )
+    alpha: float = Field(
+        _default("gate", "alpha"),
+        gt=0,
+        lt=1,
+        description="false-fail rate: the chance that a candidate as good as the noise floor "
+        "fails a statistical test (split over the tests, Bonferroni)",
+    )
+    max_slowdown: float | None = Field(
+        _default("gate", "max_slowdown"),
+        ge=0,
+        lt=1,
+        description="the candidate's median decode rate may be at most this fraction below the "
+        "baseline's, beyond the A/A spread (null: no speed rule)",
+    )
 
 
 class Policy(_Strict):

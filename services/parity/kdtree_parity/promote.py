@@ -61,6 +61,11 @@ class GateProfile:
     candidate_var: str
     build_target: str
     default_image: str
+    # The optional A/A' floor (``--floor``): its compose service and profile, and the variable
+    # naming its image (the baseline's: the same model computed an equivalent way).
+    floor_server: str = ""
+    floor_profile: str = ""
+    floor_var: str = ""
 
 
 GATE_PROFILES = {
@@ -71,6 +76,9 @@ GATE_PROFILES = {
         candidate_var="KDTREE_CANDIDATE_IMAGE",
         build_target="inference",
         default_image="kdtree/inference",
+        floor_server="inference-floor",
+        floor_profile="floor",
+        floor_var="KDTREE_FLOOR_IMAGE",
     ),
     "demo": GateProfile(
         servers=("demo-baseline", "demo-candidate"),
@@ -79,6 +87,9 @@ GATE_PROFILES = {
         candidate_var="KDTREE_DEMO_CANDIDATE_IMAGE",
         build_target="demo",
         default_image="kdtree/demo",
+        floor_server="demo-floor",
+        floor_profile="demo-floor",
+        floor_var="KDTREE_DEMO_BASELINE_IMAGE",
     ),
 }
 
@@ -332,6 +343,7 @@ class PromoteSettings:
     health_timeout_s: int = 1800
     keep_up: bool = False
     gate_profile: str = "gate"
+    floor: bool = False  # also run the A/A' floor server and judge against it
 
     @property
     def profile(self) -> GateProfile:
@@ -477,19 +489,18 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
         # The sidecar writes its report into our bind-mounted directory as us.
         "KDTREE_PARITY_USER": f"{os.getuid()}:{os.getgid()}",
     }
+    servers = list(profile.servers)
+    compose_args = ["compose", "--file", str(settings.compose_file), "--profile"]
+    compose_args.append(settings.gate_profile)
+    if settings.floor:
+        servers.append(profile.floor_server)
+        compose_args += ["--profile", profile.floor_profile]
+        compose_env[profile.floor_var] = baseline_ref
+        compose_env["KDTREE_GATE_FLOOR_URL"] = f"http://{profile.floor_server}:30000"
     compose = Docker(docker.executable, {**docker.env, **compose_env})
-    compose_args = [
-        "compose",
-        "--file",
-        str(settings.compose_file),
-        "--profile",
-        settings.gate_profile,
-    ]
     reports_dir.mkdir(parents=True, exist_ok=True)
     try:
-        step(
-            f"starting {' and '.join(profile.servers)}; waiting up to {settings.health_timeout_s}s"
-        )
+        step(f"starting {' and '.join(servers)}; waiting up to {settings.health_timeout_s}s")
         compose.run(
             *compose_args,
             "up",
@@ -497,7 +508,7 @@ def run_gate(settings: PromoteSettings, docker: Docker, run_id: str | None = Non
             "--wait",
             "--wait-timeout",
             str(settings.health_timeout_s),
-            *profile.servers,
+            *servers,
             capture=False,
         )
         step(f"running the parity gate (run {run_id}, report in {out_dir})")
@@ -724,6 +735,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--keep-up", action="store_true", help="leave the services running")
         p.add_argument(
+            "--floor",
+            action="store_true",
+            default=_env_flag("KDTREE_GATE_FLOOR"),
+            help="also start the A/A' floor server (the baseline with another KV split count) "
+            "and judge the candidate by its excess over it [KDTREE_GATE_FLOOR=1]",
+        )
+        p.add_argument(
             "--allow-dirty",
             action="store_true",
             help="build even though tracked files have uncommitted changes",
@@ -755,6 +773,7 @@ def _settings(args: argparse.Namespace) -> tuple[PromoteSettings, bool]:
         health_timeout_s=args.health_timeout,
         keep_up=args.keep_up,
         gate_profile=args.gate_profile,
+        floor=args.floor,
     )
     return settings, dirty
 

@@ -10,9 +10,13 @@ from kdtree_parity.corpus import CorpusEntry
 from kdtree_parity.generation import Generation
 
 # Every role a target plays in a run. "aa" is the A/A twin of the baseline: the replica when one
-# is configured, otherwise the baseline itself replayed a second time.
-Role = Literal["baseline", "candidate", "aa"]
+# is configured, otherwise the baseline itself replayed a second time. "floor" is the optional
+# A/A' target: the baseline's model and weights computed an equivalent but not bit-identical way
+# (another KV split count, batch composition or concurrency); when a run has one, the candidate
+# is judged by its excess over the baseline-vs-A/A' noise floor instead of the exact twin's.
+Role = Literal["baseline", "candidate", "aa", "floor"]
 ROLES: tuple[Role, ...] = ("baseline", "candidate", "aa")
+ALL_ROLES: tuple[Role, ...] = (*ROLES, "floor")
 
 ErrorKind = Literal["connect", "timeout", "unavailable", "http", "malformed"]
 # Kinds that say "the target could not be reached / did not answer", as opposed to "the target
@@ -78,6 +82,7 @@ class PromptResult:
     outcomes: dict[Role, Outcome]
     candidate: PairComparison | None = None  # baseline vs candidate
     aa: PairComparison | None = None  # baseline vs its A/A twin
+    floor: PairComparison | None = None  # baseline vs the A/A' target, when the run has one
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -91,6 +96,7 @@ class PromptResult:
             "outcomes": {role: o.to_json() for role, o in self.outcomes.items()},
             "candidate": None if self.candidate is None else self.candidate.to_json(),
             "aa": None if self.aa is None else self.aa.to_json(),
+            "floor": None if self.floor is None else self.floor.to_json(),
             "notes": list(self.notes),
         }
 
@@ -105,6 +111,7 @@ class PromptResult:
             if data["candidate"] is None
             else PairComparison.from_json(data["candidate"]),
             aa=None if data["aa"] is None else PairComparison.from_json(data["aa"]),
+            floor=None if data.get("floor") is None else PairComparison.from_json(data["floor"]),
             notes=tuple(data.get("notes", ())),
         )
         judged = judge_outcomes(stored.outcomes)
@@ -116,6 +123,7 @@ class PromptResult:
             outcomes=judged,
             candidate=stored.candidate if ok["baseline"] and ok["candidate"] else None,
             aa=stored.aa if ok["baseline"] and ok["aa"] else None,
+            floor=stored.floor if ok["baseline"] and ok.get("floor") else None,
         )
 
 
@@ -134,7 +142,9 @@ def judge_outcomes(outcomes: dict[Role, Outcome]) -> dict[Role, Outcome]:
             judged[role] = _malformed(outcome, problem)
     reference = judged["baseline"].generation
     if reference is not None:
-        for role in ("candidate", "aa"):
+        for role in ("candidate", "aa", "floor"):
+            if role not in judged:
+                continue
             answer = judged[role].generation
             if answer is not None and (problem := missing_logprobs(reference, answer)):
                 judged[role] = _malformed(judged[role], problem)
@@ -144,9 +154,11 @@ def judge_outcomes(outcomes: dict[Role, Outcome]) -> dict[Role, Outcome]:
 def build_prompt_result(
     entry: CorpusEntry, outcomes: dict[Role, Outcome], epsilon: float
 ) -> PromptResult:
-    """Judge one prompt's three answers and compare baseline vs candidate and vs its twin."""
+    """Judge one prompt's answers and compare baseline vs candidate, vs its twin and (when the
+    run has an A/A' target) vs the A/A' target."""
     judged = judge_outcomes(outcomes)
     base, cand, twin = (judged[role].generation for role in ROLES)
+    prime = judged["floor"].generation if "floor" in judged else None
     return PromptResult(
         entry=entry,
         outcomes=judged,
@@ -154,4 +166,5 @@ def build_prompt_result(
         if base is None or cand is None
         else compare_generations(base, cand, epsilon),
         aa=None if base is None or twin is None else compare_generations(base, twin, epsilon),
+        floor=None if base is None or prime is None else compare_generations(base, prime, epsilon),
     )

@@ -1,7 +1,8 @@
 """One parity run end to end: health, identity, replay, compare, persist, decide, report.
 
 The same request for a prompt goes to the baseline, the candidate and the A/A twin (the replica,
-or the baseline a second time). A prompt's result is stored as soon as its three answers are in.
+or the baseline a second time), and to the A/A' target when the run has one. A prompt's result
+is stored as soon as all its answers are in.
 A target that fails ``max_consecutive_transport_errors`` requests in a row stops the run (queued
 requests are dropped, not sent): the verdict is then ``error``, and ``resume`` finishes it later.
 """
@@ -29,7 +30,7 @@ from kdtree_parity.corpus import Corpus, CorpusEntry, parse_corpus
 from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
-from kdtree_parity.results import ROLES, Outcome, PromptResult, Role, build_prompt_result
+from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
 from kdtree_parity.store import VERDICT_TO_STATUS, LeaseLost, RunRecord, Store
 
 log = logging.getLogger("kdtree_parity.runner")
@@ -50,17 +51,24 @@ class Targets:
     baseline_image: str | None = None
     candidate_image: str | None = None
     replica_image: str | None = None
+    # The A/A' target (role "floor"): the baseline's model and weights computed an equivalent,
+    # not bit-identical way. Optional; with one, the candidate is judged by its excess over it.
+    floor: str | None = None
+    floor_image: str | None = None
 
     def as_roles(self) -> dict[str, str]:
-        return {
+        roles = {
             "baseline": self.baseline,
             "candidate": self.candidate,
             "aa": self.replica or self.baseline,
         }
+        return roles | ({"floor": self.floor} if self.floor else {})
 
     def images(self) -> dict[str, str]:
         aa = self.replica_image if self.replica else self.baseline_image
         labels = {"baseline": self.baseline_image, "candidate": self.candidate_image, "aa": aa}
+        if self.floor:
+            labels["floor"] = self.floor_image
         return {role: image for role, image in labels.items() if image}
 
 
@@ -222,7 +230,8 @@ async def execute_run(
     urls = {role: url for role, (url, _) in record.targets.items()}
     clients: dict[str, TargetClient] = {}
     role_client: dict[Role, TargetClient] = {}
-    for role in ROLES:
+    roles: tuple[Role, ...] = tuple(role for role in ALL_ROLES if role in urls)
+    for role in roles:
         url = urls[role]
         if role == "aa" and url == urls["baseline"]:
             role_client[role] = role_client["baseline"]
@@ -276,10 +285,10 @@ async def execute_run(
                     breaker.record(client, outcome)
                     return outcome
 
-                answers = await asyncio.gather(*(ask(role) for role in ROLES))
+                answers = await asyncio.gather(*(ask(role) for role in roles))
                 if any(a is None for a in answers):
                     return  # the run was stopped; this prompt stays pending for resume
-                outcomes: dict[Role, Outcome] = dict(zip(ROLES, answers, strict=True))
+                outcomes: dict[Role, Outcome] = dict(zip(roles, answers, strict=True))
                 result = build_prompt_result(
                     entry, outcomes, loaded.policy.compare.near_tie_epsilon
                 )
@@ -401,7 +410,13 @@ def verdict_to_json(verdict: Verdict) -> dict[str, Any]:
     return {
         "status": verdict.status,
         "reasons": [
-            {"rule": r.rule, "outcome": r.outcome, "message": r.message} for r in verdict.reasons
+            {
+                "rule": r.rule,
+                "outcome": r.outcome,
+                "message": r.message,
+                "test": None if r.test is None else r.test.to_json(),
+            }
+            for r in verdict.reasons
         ],
     }
 

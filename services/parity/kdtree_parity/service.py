@@ -51,7 +51,7 @@ from kdtree_parity.yaml_load import load_yaml
 log = logging.getLogger("kdtree_parity.service")
 
 # Keys a caller might use to aim the service at its own hosts: refused with an explanation.
-TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "targets", "url", "urls"})
+TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "floor", "targets", "url", "urls"})
 REQUEST_KEYS = frozenset({"pair", "corpus"})
 IMAGE_KEYS = ("baseline_image", "candidate_image", "replica_image")
 MAX_BODY_BYTES = 1 << 20  # a run request is a few dozen bytes; anything near this is abuse
@@ -127,6 +127,8 @@ class ServiceSettings:
                     env_default("BASELINE_IMAGE", env) or None,
                     env_default("CANDIDATE_IMAGE", env) or None,
                     env_default("REPLICA_IMAGE", env) or None,
+                    env_default("FLOOR_URL", env) or None,
+                    env_default("FLOOR_IMAGE", env) or None,
                 )
             }
         lease = env_default("LEASE_S", env)
@@ -177,7 +179,8 @@ class ServiceSettings:
 
 
 def load_pairs(path: Path) -> dict[str, Targets]:
-    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, *_image: label?}``."""
+    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, floor: URL?,
+    *_image: label?}`` (``floor``: the A/A' target)."""
     try:
         data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
@@ -188,7 +191,14 @@ def load_pairs(path: Path) -> dict[str, Targets]:
     for name, spec in data.items():
         if not isinstance(spec, dict) or not {"baseline", "candidate"} <= set(spec):
             raise ConfigurationError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
-        unknown = set(spec) - {"baseline", "candidate", "replica", *IMAGE_KEYS}
+        unknown = set(spec) - {
+            "baseline",
+            "candidate",
+            "replica",
+            "floor",
+            "floor_image",
+            *IMAGE_KEYS,
+        }
         if unknown:
             raise ConfigurationError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
         pairs[str(name)] = Targets(
@@ -196,6 +206,8 @@ def load_pairs(path: Path) -> dict[str, Targets]:
             spec["candidate"],
             spec.get("replica"),
             *(spec.get(key) for key in IMAGE_KEYS),
+            floor=spec.get("floor"),
+            floor_image=spec.get("floor_image"),
         )
     return pairs
 

@@ -99,6 +99,13 @@ class EngineAPI:
         meta |= {"reasoning_tokens": 0, "completion_tokens": completion, "cached_tokens": 0}
         if res.finish_reason is not None:
             meta["e2e_latency"] = res.e2e_latency
+            # What SGLang 0.5.23 adds with --enable-metrics (ReqTimeStats.convert_to_output_meta_
+            # info): time to first token and (completion - 1) / decode time.
+            if res.first_token_latency > 0:
+                meta["first_token_latency"] = res.first_token_latency
+                decode_s = res.e2e_latency - res.first_token_latency
+                if completion > 1 and decode_s > 0:
+                    meta["decode_throughput"] = (completion - 1) / decode_s
             num_draft = self.engine.config.spec.num_draft_tokens
             # Same formulas as TokenizerManager._calculate_spec_decoding_metrics.
             if num_draft > 1 and res.spec_verify_ct > 0:
@@ -217,6 +224,8 @@ class EngineAPI:
                     "injected_fault": (
                         cfg.injected_fault.describe() if cfg.injected_fault else None
                     ),
+                    "attention_kv_splits": cfg.attention_kv_splits,
+                    "decode_step_delay_s": cfg.decode_step_delay_s,
                 },
             }
 

@@ -54,9 +54,11 @@ AttentionObserver = Callable[[dict], None]
 class AttentionBackend:
     """One named backend plus optional observers of its calls."""
 
-    def __init__(self, name: str, device: str) -> None:
+    def __init__(self, name: str, device: str, kv_splits: int = 1) -> None:
         if name not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
+        if kv_splits != 1 and name != "reference":
+            raise ValueError(f"attention KV splits apply to the reference backend only, not {name}")
         self.name = name
         self.device = device
         self.observers: list[AttentionObserver] = []
@@ -67,6 +69,10 @@ class AttentionBackend:
             self._fn = self._validating(
                 _load_backend("op", device), _load_backend(baseline_backend(device), device)
             )
+        elif kv_splits > 1:
+            from .split_kv import split_kv_reference
+
+            self._fn = split_kv_reference(kv_splits)
         else:
             self._fn = _load_backend(name, device)
 

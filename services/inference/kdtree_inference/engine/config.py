@@ -94,6 +94,12 @@ class EngineConfig:
     # --incremental-streaming-output); False resends the whole output each time, SGLang's default.
     incremental_streaming_output: bool = True
     warmup_delay_s: float = 0.0
+    # Equivalent numerics (the parity gate's A/A' floor): the reference backend reduces every
+    # request's keys in this many chunks merged by log-sum-exp (split_kv.py). 1: one pass.
+    attention_kv_splits: int = 1
+    # TEST/BENCHMARK ONLY: sleep this long after every decode step, a candidate made slow on
+    # purpose for the parity gate's speed rule. Off (0) by default.
+    decode_step_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -110,6 +116,12 @@ class EngineConfig:
                 f"KDTREE_INJECT_FAULT: weight layer {fault.layer} out of range "
                 f"[0, {self.model.num_layers})"
             )
+        if self.attention_kv_splits < 1:
+            raise ValueError(f"attention_kv_splits must be >= 1, got {self.attention_kv_splits}")
+        if self.attention_kv_splits > 1 and self.attention != "reference":
+            raise ValueError("attention_kv_splits > 1 needs the reference attention backend")
+        if self.decode_step_delay_s < 0:
+            raise ValueError(f"decode_step_delay_s must be >= 0, got {self.decode_step_delay_s}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.dtype not in ("float32", "bfloat16", "float16"):

@@ -28,8 +28,8 @@ log = logging.getLogger("kdtree_inference.engine")
 class FaultyAttentionBackend(AttentionBackend):
     """An ``AttentionBackend`` whose every call carries ``fault``."""
 
-    def __init__(self, name: str, device: str, fault: Fault) -> None:
-        super().__init__(name, device)
+    def __init__(self, name: str, device: str, fault: Fault, kv_splits: int = 1) -> None:
+        super().__init__(name, device, kv_splits)
         self.fault = fault
 
     def __call__(self, q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata,
@@ -53,11 +53,13 @@ class FaultyAttentionBackend(AttentionBackend):
         )
 
 
-def attention_backend(name: str, device: str, fault: Fault | None) -> AttentionBackend:
+def attention_backend(
+    name: str, device: str, fault: Fault | None, kv_splits: int = 1
+) -> AttentionBackend:
     """The stock backend when ``fault`` is None or only touches weights, else the faulty one."""
     if fault is None or fault.kind == "weight":
-        return AttentionBackend(name, device)
-    return FaultyAttentionBackend(name, device, fault)
+        return AttentionBackend(name, device, kv_splits)
+    return FaultyAttentionBackend(name, device, fault, kv_splits)
 
 
 def faulty_weights(

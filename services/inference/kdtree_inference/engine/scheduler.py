@@ -89,6 +89,7 @@ class GenerationResult:
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     e2e_latency: float = 0.0
+    first_token_latency: float = 0.0  # seconds from prefill start to the first output token
 
 
 @dataclass
@@ -135,7 +136,9 @@ class Engine:
         if cfg.warmup_delay_s > 0:
             # Lets tests and demos observe the not-ready state (/health 503) deterministically.
             time.sleep(cfg.warmup_delay_s)
-        backend = attention_backend(cfg.attention, cfg.device, cfg.injected_fault)
+        backend = attention_backend(
+            cfg.attention, cfg.device, cfg.injected_fault, cfg.attention_kv_splits
+        )
         if cfg.weights_dir:
             weights, self.weights_identity = load_weights_with_digest(cfg.model, cfg.weights_dir)
         else:
@@ -457,6 +460,8 @@ class Engine:
         except Exception:
             self.pool.free(out_cache_loc)  # the caller fails these requests and frees the rest
             raise
+        if self.config.decode_step_delay_s > 0:  # the test/benchmark slow-candidate knob
+            time.sleep(self.config.decode_step_delay_s)
         still_running = []
         for b, (item, tree) in enumerate(zip(running, trees, strict=True)):
             self._commit(item, tree, logits[b * n : (b + 1) * n], out_locs[b])
@@ -507,6 +512,8 @@ class Engine:
         req, result = item.req, item.result
         for token, logits in tokens:
             result.output_ids.append(token)
+            if len(result.output_ids) == 1:
+                result.first_token_latency = time.perf_counter() - item.start
             if req.return_logprob:
                 lp, top = token_logprobs(logits, token, req.top_logprobs_num)
                 result.output_token_logprobs.append((lp, token))

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stream disjoint segments (SGLang's --incremental-streaming-output); "
                    "--no-incremental-streaming-output resends the whole output in every event, "
                    "SGLang's default")  # fmt: skip
+    p.add_argument("--attention-kv-splits", type=int, default=EngineConfig.attention_kv_splits,
+                   help="reduce attention keys in N chunks merged by log-sum-exp: equivalent "
+                   "numerics, not bit-identical (the parity gate's A/A' floor); reference only")  # fmt: skip
+    p.add_argument("--decode-step-delay", type=float, default=EngineConfig.decode_step_delay_s,
+                   help="TEST/BENCHMARK ONLY: sleep this many seconds after every decode step "
+                   "(a candidate made slow on purpose); default 0")  # fmt: skip
     p.add_argument("--warmup-delay", type=float, default=0.0,
                    help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
     p.add_argument("--threads", type=int, default=int(os.environ.get("KDTREE_ENGINE_THREADS", "1")),
@@ -113,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         injected_fault=fault_from_env(),
         incremental_streaming_output=args.incremental_streaming_output,
         warmup_delay_s=args.warmup_delay,
+        attention_kv_splits=args.attention_kv_splits,
+        decode_step_delay_s=args.decode_step_delay,
     )
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kdtree_parity.compare import PairComparison
-from kdtree_parity.gate import decide, summarize
+from kdtree_parity.gate import decide, decode_rate, summarize
 from kdtree_parity.policy import Policy, PolicyError, parse_policy
 from kdtree_parity.report.schema import (
     ComparisonModel,
@@ -21,6 +21,7 @@ from kdtree_parity.report.schema import (
     PromptModel,
     ReasonModel,
     Report,
+    RoleSpeedModel,
     RunModel,
     SideModel,
     SummaryModel,
@@ -29,7 +30,7 @@ from kdtree_parity.report.schema import (
     UndecidablePromptModel,
     VerdictModel,
 )
-from kdtree_parity.results import ROLES, PromptResult
+from kdtree_parity.results import ALL_ROLES, PromptResult
 from kdtree_parity.store import Store
 
 PROMPT_CHARS = 4000
@@ -64,11 +65,16 @@ def _prompt(result: PromptResult) -> PromptModel:
         status = "exact" if c.exact else c.divergence_class or "hard"
     at = c.first_divergence if c is not None else None
     sides = []
-    for role in ROLES:
+    for role in (r for r in ALL_ROLES if r in result.outcomes):
         outcome = result.outcomes[role]
         g = outcome.generation
         top = None
-        if g is not None and at is not None and role != "aa" and at < len(g.top_logprobs):
+        if (
+            g is not None
+            and at is not None
+            and role in ("baseline", "candidate")
+            and at < len(g.top_logprobs)
+        ):
             entries = g.top_logprobs[at]
             top = (
                 None
@@ -91,6 +97,8 @@ def _prompt(result: PromptResult) -> PromptModel:
                 else f"{outcome.error.kind}: {outcome.error.message}",
                 attempts=outcome.attempts,
                 elapsed_s=outcome.elapsed_s,
+                decode_tps=decode_rate(outcome),
+                ttft_s=g.timing.ttft_s if g is not None and g.timing is not None else None,
                 top_at_divergence=top,
             )
         )
@@ -102,6 +110,7 @@ def _prompt(result: PromptResult) -> PromptModel:
         status=status,
         candidate=_comparison(c),
         aa=_comparison(result.aa),
+        floor=_comparison(result.floor),
         sides=sides,
     )
 
@@ -159,7 +168,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
         targets=[
             TargetModel(role=role, url=url, identity=identity)
             for role, (url, identity) in sorted(
-                record.targets.items(), key=lambda kv: ROLES.index(kv[0])
+                record.targets.items(), key=lambda kv: ALL_ROLES.index(kv[0])
             )
         ],
         corpus=CorpusModel(
@@ -187,6 +196,20 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             ),
             undecidable_prompts=[
                 UndecidablePromptModel(id=pid, why=why) for pid, why in summary.undecidable
+            ],
+            floor=None
+            if summary.floor is None
+            else PairSummaryModel.model_validate(summary.floor, from_attributes=True),
+            speed=[
+                RoleSpeedModel(
+                    role=role,
+                    requests=len(rates),
+                    median_decode_tps=summary.speed.median_decode(role),
+                    median_ttft_s=summary.speed.median_ttft(role),
+                )
+                for role, rates in sorted(
+                    summary.speed.decode_tps.items(), key=lambda kv: ALL_ROLES.index(kv[0])
+                )
             ],
         ),
         prompts=[_prompt(r) for r in results],

@@ -7,6 +7,56 @@ from kdtree_parity.report.schema import Report
 _ICON = {"pass": "✅", "fail": "❌", "error": "⚠️", "undecided": "⚠️"}
 
 
+def _num(x: float | None, fmt: str = ".3g") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _tests_table(report: Report) -> list[str]:
+    """Each statistical test: statistic, p-value, level, interval, decision."""
+    rows = [r for r in report.verdict.reasons if r.test is not None]
+    if not rows:
+        return []
+    out = [
+        "| test | method | statistic | p-value | alpha | estimate [interval] | decision |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t = r.test
+        assert t is not None
+        interval = "" if t.interval is None else f" [{t.interval[0]:.3g}, {t.interval[1]:.3g}]"
+        out.append(
+            f"| `{t.name}` | {t.method} | {_num(t.statistic)} | {_num(t.p_value)} "
+            f"| {t.alpha:.3g} | {_num(t.estimate)}{interval} | {t.decision} |"
+        )
+    return [*out, ""]
+
+
+def _floor_table(report: Report) -> list[str]:
+    f = report.summary.floor
+    if f is None:
+        return []
+    return [
+        "| A/A' noise floor (baseline vs A/A') | value |",
+        "|---|---|",
+        f"| prompts compared | {f.compared} |",
+        f"| divergence rate | {f.divergence_rate:.3f} (hard {f.hard}, near-tie {f.near_tie}) |",
+        f"| logprob drift p99 (nats) | {f.drift.p99:.3g} over {f.drift.count} positions |",
+        "",
+    ]
+
+
+def _speed_table(report: Report) -> list[str]:
+    if not report.summary.speed:
+        return []
+    out = ["| target | requests | median decode tokens/s | median TTFT (s) |", "|---|---|---|---|"]
+    for sp in report.summary.speed:
+        out.append(
+            f"| {sp.role} | {sp.requests} | {_num(sp.median_decode_tps, '.4g')} "
+            f"| {_num(sp.median_ttft_s, '.4g')} |"
+        )
+    return [*out, ""]
+
+
 def render_markdown(report: Report, max_prompts: int = 20) -> str:
     s, v = report.summary, report.verdict
     lines = [
@@ -17,6 +67,9 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
             for r in v.reasons
         ),
         "",
+        *_tests_table(report),
+        *_floor_table(report),
+        *_speed_table(report),
         "| | candidate vs baseline | A/A | excess |",
         "|---|---|---|---|",
         f"| prompts compared | {s.candidate.compared} | {s.aa.compared} | |",

@@ -25,7 +25,7 @@ class TopLogprobModel(BaseModel):
 class SideModel(BaseModel):
     """One target's answer for one prompt."""
 
-    role: Literal["baseline", "candidate", "aa"]
+    role: Literal["baseline", "candidate", "aa", "floor"]
     output_ids: list[int] = Field(description="greedy output token ids (empty on error)")
     token_texts: list[str | None] = Field(description="per token text, when the target sent it")
     token_logprobs: list[float | None]
@@ -34,6 +34,8 @@ class SideModel(BaseModel):
     error: str | None = Field(description="'<kind>: <message>' when the request failed")
     attempts: int
     elapsed_s: float
+    decode_tps: float | None = Field(None, description="decode tokens/s of this request")
+    ttft_s: float | None = Field(None, description="time to first token, when reported")
     top_at_divergence: list[TopLogprobModel] | None = Field(
         None, description="this side's top-k at the candidate pair's first divergence"
     )
@@ -83,6 +85,7 @@ class PromptModel(BaseModel):
     )
     candidate: ComparisonModel | None
     aa: ComparisonModel | None
+    floor: ComparisonModel | None = None
     sides: list[SideModel]
 
 
@@ -135,12 +138,49 @@ class SummaryModel(BaseModel):
         default_factory=list,
         description="prompts the baseline rejected too; their errors count against no target",
     )
+    floor: PairSummaryModel | None = Field(
+        None,
+        description="baseline vs the A/A' target, when the run has one: the noise floor the "
+        "excess is measured over (otherwise the exact A/A twin is)",
+    )
+    speed: list[RoleSpeedModel] = Field(default_factory=list)
+
+
+class TestModel(BaseModel):
+    """A statistical test behind a rule (drift, divergence count, speed)."""
+
+    name: str
+    method: str
+    statistic: float | None = Field(
+        description="U (Mann-Whitney), the odds ratio (Fisher), the median ratio (speed)"
+    )
+    p_value: float | None = Field(description="null for an interval-only test")
+    alpha: float = Field(description="the level this test ran at (the policy alpha / tests)")
+    decision: Literal["pass", "fail", "undecided"]
+    estimate: float | None = Field(
+        None, description="the effect: an excess over the floor, or the speed ratio"
+    )
+    interval: list[float] | None = Field(
+        None, description="[low, high] bootstrap interval of the estimate at 1 - alpha"
+    )
 
 
 class ReasonModel(BaseModel):
     rule: str
     outcome: Literal["pass", "fail", "undecided"]
     message: str
+    test: TestModel | None = None
+
+
+class RoleSpeedModel(BaseModel):
+    """One target's measured speed over the compared prompts."""
+
+    role: Literal["baseline", "candidate", "aa", "floor"]
+    requests: int
+    median_decode_tps: float | None = Field(description="median decode tokens/s per request")
+    median_ttft_s: float | None = Field(
+        description="median time to first token (null: the target does not report it)"
+    )
 
 
 class VerdictModel(BaseModel):
@@ -151,7 +191,7 @@ class VerdictModel(BaseModel):
 
 
 class TargetModel(BaseModel):
-    role: Literal["baseline", "candidate", "aa"]
+    role: Literal["baseline", "candidate", "aa", "floor"]
     url: str
     identity: dict | None = Field(
         description="'image': the label given at the start (digest/reference), 'model_info': "
@@ -162,7 +202,7 @@ class TargetModel(BaseModel):
 class IdentityChangeModel(BaseModel):
     """A target whose identity changed when the run was resumed, accepted by explicit override."""
 
-    role: Literal["baseline", "candidate", "aa"]
+    role: Literal["baseline", "candidate", "aa", "floor"]
     at: str
     differences: list[str]
     before: dict | None = Field(description="the identity recorded before the change")
