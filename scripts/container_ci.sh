@@ -91,11 +91,14 @@ podman_settings() {
   { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
   mkdir -p "$CACHE"
   # buildah stages each layer it commits (a diff of the build container, then the store's copy
-  # of it) in the image-copy directory: on CACHE's disk, where the space check looks, and
-  # emptied first (all but pip's build cache mount), since a build that was killed leaves its
-  # staged layers (GBs) there.
+  # of it) in the image-copy directory: on CACHE's disk, where the space check looks. A build
+  # that was killed leaves its staged layers (GBs, buildahNNN) there, so they go first; pip's
+  # build cache mount (buildah-cache) stays, and so does anything that is not buildah's.
   mkdir -p "$CACHE/tmp"
-  find "$CACHE/tmp" -mindepth 1 -maxdepth 1 ! -name buildah-cache -exec rm -rf {} +
+  find "$CACHE/tmp" -mindepth 1 -maxdepth 1 -name 'buildah*' ! -name buildah-cache \
+    -exec rm -rf {} +
+  # podman's copies only: the command `run` starts keeps the caller's TMPDIR (restored there).
+  CALLER_TMPDIR=${TMPDIR-}
   export TMPDIR=$CACHE/tmp
   cat >"$CACHE/containers.conf" <<EOF
 [containers]
@@ -522,7 +525,11 @@ case ${1:-} in
     export KDTREE_CONTAINER_CI=1
     # In the foreground: a background command would start with SIGINT ignored, and Ctrl-C (sent
     # to the whole process group) must reach it. Teardown runs when it has ended.
-    "${NSENTER[@]}" "$@"
+    if [ -n "$CALLER_TMPDIR" ]; then
+      TMPDIR=$CALLER_TMPDIR "${NSENTER[@]}" "$@"
+    else
+      "${NSENTER[@]}" env -u TMPDIR "$@"
+    fi
     ;;
   -h | --help | help)
     usage
