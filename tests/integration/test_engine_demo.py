@@ -44,9 +44,12 @@ def test_demo_shows_a_faulty_candidate(tmp_path) -> None:
 
 
 def test_demo_stops_servers_on_interrupt(tmp_path) -> None:
+    # Ctrl-C as a terminal delivers it: a runner that started us with SIGINT ignored (a
+    # background job without job control) would hand that on to the demo.
     proc = subprocess.Popen(
         [*DEMO, "--prompts", "64", "--max-new-tokens", "512", "--log-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     output = ""
     deadline = time.monotonic() + 240
