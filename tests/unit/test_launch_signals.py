@@ -19,6 +19,15 @@ import pytest
 from kdtree_inference.engine.launch import interrupts_deferred, stop_process
 
 
+@pytest.fixture(autouse=True)
+def _python_default_sigint():
+    """Python's own SIGINT handler, as a terminal session starts it: a runner may have started
+    the suite with SIGINT ignored (a background job without job control)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _signal_self_and_wait(signum: int) -> None:
     os.kill(os.getpid(), signum)
     time.sleep(0.2)  # the handler runs in here, on the next bytecode boundary
