@@ -240,8 +240,10 @@ def measure(
     start_server: StartServer = engine_server,
     servers: str = "reference engine",
     floor_kv_splits: int | None = None,
+    pack_raw: bool = True,
 ) -> dict:
-    """Run the grid; return (and write to ``out``) the table. ``start_server(raw, tag, env,
+    """Run the grid; return (and write to ``out``) the table; ``pack_raw``: the raw folder
+    becomes ``raw.tar.xz``. ``start_server(raw, tag, env,
     options)`` starts one server (the baseline: tag ``baseline``) and yields its URL.
     ``floor_kv_splits``: also start an A/A' floor (the baseline with ``--attention-kv-splits``,
     for a gate that takes ``--floor``) and add that configuration as a candidate."""
@@ -291,9 +293,10 @@ def measure(
     (out / "resolution.json").write_text(json.dumps(table, indent=2) + "\n")
     (out / "resolution.md").write_text(markdown(table))
     # Hundreds of small logs travel as one archive (the raw folder stays if anything above fails).
-    with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
-        archive.add(raw, arcname="raw")
-    shutil.rmtree(raw)
+    if pack_raw:
+        with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
+            archive.add(raw, arcname="raw")
+        shutil.rmtree(raw)
     return table
 
 

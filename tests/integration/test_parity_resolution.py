@@ -42,7 +42,7 @@ def test_small_grid_matches_the_committed_table(tmp_path):
     faults = at_resolution(committed)
     assert {f.split(":")[0] for f in faults} == {"scale", "weight", "kv_drop", "tree_mask"}
     table = parity_resolution.measure(faults, [PROMPTS], tmp_path / "res", "short",
-                                      log=lambda _: None)  # fmt: skip
+                                      log=lambda _: None, pack_raw=False)  # fmt: skip
     cells = {c["candidate"]: c for c in table["cells"]}
     assert cells["identical"]["verdict"] == "pass"
     assert cells["identical"]["figures"]["drift_max"] == 0.0
