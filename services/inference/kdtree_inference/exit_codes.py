@@ -1,0 +1,15 @@
+"""The exit statuses of the inference package's programs (``kdtree-serve``, ``kdtree-engine``,
+``kdtree-selfcheck``), in one place.
+
+The parity package keeps its own (``kdtree_parity.exit_codes``): the two packages ship in separate
+images and neither depends on the other.
+"""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # a self-check case failed
+    REFUSED = 2  # bad configuration or arguments: nothing was started
+    CANNOT_EXECUTE = 127  # the server program could not be executed (the shell's convention)
