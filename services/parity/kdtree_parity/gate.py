@@ -407,6 +407,32 @@ def _decision(significant: bool, beyond_margin: bool) -> RuleOutcome:
     return "fail" if significant and beyond_margin else "pass"
 
 
+def _floor_test(
+    name: str,
+    method: str,
+    statistic: float | None,
+    p: float | None,
+    level: float,
+    beyond_margin: bool,
+    exact_floor: bool,
+    estimate: float,
+) -> tuple[bool, TestResult]:
+    """(significant, the test's record) for a rule judged against the floor: on an exact floor
+    every difference is real and the margin alone decides; otherwise the test must reject at
+    ``level`` as well."""
+    significant = exact_floor or (p is not None and p < level)
+    test = TestResult(
+        name=name,
+        method=_EXACT_FLOOR if exact_floor else method,
+        statistic=statistic,
+        p_value=p,
+        alpha=level,
+        decision=_decision(significant, beyond_margin) if p is not None else "undecided",
+        estimate=estimate,
+    )
+    return significant, test
+
+
 def _divergence_rule(
     compared_rule: RuleFn, summary: Summary, gate: GateSettings, level: float
 ) -> None:
@@ -416,18 +442,11 @@ def _divergence_rule(
     odds, p = more_divergences(c.diverged, c.compared, noise.diverged, noise.compared)
     beyond = summary.excess_divergence_rate > gate.max_excess_divergence_rate
     exact_floor = summary.noise_is_exact
-    significant = exact_floor or (p is not None and p < level)
-    test = TestResult(
-        name="divergence_count",
-        method=_EXACT_FLOOR
-        if exact_floor
-        else "Fisher exact, one-sided (candidate diverges more often than the floor)",
-        statistic=odds,
-        p_value=p,
-        alpha=level,
-        decision=_decision(significant, beyond) if p is not None else "undecided",
-        estimate=summary.excess_divergence_rate,
-    )
+    significant, test = _floor_test(
+        "divergence_count",
+        "Fisher exact, one-sided (candidate diverges more often than the floor)",
+        odds, p, level, beyond, exact_floor, summary.excess_divergence_rate,
+    )  # fmt: skip
     compared_rule(
         "excess_divergence_rate",
         c,
@@ -467,18 +486,11 @@ def _drift_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
     u, p = drift_greater(c.drift_values, noise.drift_values)
     beyond = summary.excess_drift_p99 > gate.max_logprob_drift_p99
     exact_floor = summary.noise_is_exact and noise.drift.count > 0
-    significant = exact_floor or (p is not None and p < level)
-    test = TestResult(
-        name="logprob_drift",
-        method=_EXACT_FLOOR
-        if exact_floor
-        else "Mann-Whitney U, one-sided (candidate drift stochastically greater than the floor)",
-        statistic=u,
-        p_value=p,
-        alpha=level,
-        decision=_decision(significant, beyond) if p is not None else "undecided",
-        estimate=summary.excess_drift_p99,
-    )
+    significant, test = _floor_test(
+        "logprob_drift",
+        "Mann-Whitney U, one-sided (candidate drift stochastically greater than the floor)",
+        u, p, level, beyond, exact_floor, summary.excess_drift_p99,
+    )  # fmt: skip
     if p is None:  # positions on the candidate pair but none on the floor pair
         rule(
             "logprob_drift_p99",
