@@ -20,9 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
+from kdtree_verify import (
+    VerifyInputError,
+    VerifyMetadata,
+    verify_attention,
+    verify_attention_reference,
+)
 from kdtree_verify.cuda import verify_attention_cuda
-from kdtree_verify.plan import make_plan, split_chunk
+from kdtree_verify.plan import VerifyPlan, make_plan, split_chunk
 from kdtree_verify.testing import (
     VerifyCase,
     assert_close_bf16,
@@ -204,10 +209,8 @@ def test_refuses_fp32_e5m2_and_a_separate_fp8_v_with_clear_errors() -> None:
         v8 = k8[..., :512] if v8 is None else k8[..., :512].clone()
         with pytest.raises(VerifyInputError, match=message):
             verify_attention_cuda(
-                base.q, base.k_extend, base.v_extend, k8, v8, base.qo_indptr, base.kv_indptr,
-                base.kv_indices, base.custom_mask, base.mask_indptr, base.sm_scale, False, out,
-                lse,
-            )  # fmt: skip
+                base.metadata(), base.q, base.k_extend, base.v_extend, k8, v8, out, lse
+            )
 
 
 def test_cuda_path_refuses_layouts_it_would_misread() -> None:
@@ -216,15 +219,21 @@ def test_cuda_path_refuses_layouts_it_would_misread() -> None:
     case = make_case((300, 7), 4, 8, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(8, 8, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(8, 8, dtype=torch.float32, device="cuda")
-    args = list(case.args())
     spaced = torch.zeros(2 * case.kv_indices.numel(), dtype=case.kv_indices.dtype, device="cuda")
     spaced[::2] = case.kv_indices
-    args[7] = spaced[::2]  # kv_indices, the same values with stride 2
+    strided = VerifyMetadata.build(
+        case.qo_indptr,
+        case.kv_indptr,
+        spaced[::2],  # kv_indices, the same values with stride 2
+        case.custom_mask,
+        case.mask_indptr,
+        case.sm_scale,
+    )
     with pytest.raises(VerifyInputError, match="kv_indices: the CUDA kernel reads it by position"):
-        verify_attention_cuda(*args, False, out, lse)
+        verify_attention_cuda(strided, *case.layer(), out, lse)
     with pytest.raises(VerifyInputError, match="out: is on cpu but q is on cuda"):
-        verify_attention_cuda(*case.args(), False, out.cpu(), lse)
-    verify_attention_cuda(*case.args(), False, out, lse)  # the same call, laid out as required
+        verify_attention_cuda(*case.args(), out.cpu(), lse)
+    verify_attention_cuda(*case.args(), out, lse)  # the same call, laid out as required
     assert_matches_reference(out, lse, case.args(), "after the refusals")
 
 
@@ -282,19 +291,34 @@ def _load_case(static: dict, case: VerifyCase) -> None:
     static["mask"][: case.custom_mask.shape[0]].copy_(case.custom_mask)
 
 
+def _static_metadata(static: dict, plan: VerifyPlan) -> VerifyMetadata:
+    """The forward's metadata on the static buffers (built once; the plan is updated per step)."""
+    return VerifyMetadata.build(
+        static["qo_indptr"],
+        static["kv_indptr"],
+        static["kv_indices"],
+        static["mask"],
+        static["mask_indptr"],
+        0.1352,
+        plan=plan,
+    )
+
+
+def _static_layer(static: dict) -> tuple[torch.Tensor, ...]:
+    """One layer's tensors on the static buffers: q, k_extend, v_extend, k_buffer, v_buffer."""
+    k_extend, k_buffer = static["k_extend"], static["k_buffer"]
+    return static["q"], k_extend, k_extend[..., :512], k_buffer, k_buffer[..., :512]
+
+
 def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     batch, num_draft, num_heads, max_prefix = 4, 8, 16, 5000
     static = _static_inputs(batch, num_draft, num_heads, max_prefix)
     plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+    metadata = _static_metadata(static, plan)
 
     def step() -> None:
         plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
-        verify_attention_cuda(
-            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
-            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
-            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
-            static["out"], static["lse"], plan=plan,
-        )  # fmt: skip
+        verify_attention_cuda(metadata, *_static_layer(static), static["out"], static["lse"])
 
     def captured_shape_case(
         prefix_lens: tuple[int, ...], seed: int, mask: str = "tree"
@@ -366,7 +390,7 @@ def test_late_score_jumps_move_the_running_max(splits: str) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
     out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+    verify_attention_cuda(*case.args(plan=plan), out, lse)
     torch.cuda.synchronize()
     ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     assert float(ref_lse[:8].max() - ref_lse[8:].max()) > 8  # the jumps dominate request 0
@@ -399,8 +423,8 @@ def test_ragged_draft_counts() -> None:
     kv_indices = torch.cat(kv_indices)
     qo = torch.tensor([0, 1, 1, 10, 13], device="cuda")
     kv = torch.tensor([0, 500, 540, 610, 611], device="cuda")
-    args = (q, k_ext, k_ext[..., :512], pool, pool[..., :512], qo, kv, kv_indices, None, None,
-            base.sm_scale)  # fmt: skip
+    metadata = VerifyMetadata.build(qo, kv, kv_indices, None, None, base.sm_scale)
+    args = (metadata, q, k_ext, k_ext[..., :512], pool, pool[..., :512])
     out, lse = verify_attention(*args, return_lse=True)
     assert_matches_reference(out, lse, args, "ragged draft counts")
 
@@ -530,7 +554,7 @@ def test_fp8_late_score_jumps_move_the_running_max(splits: str) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
     out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan, **case.scales())
+    verify_attention_cuda(*case.args(plan=plan), out, lse, **case.scales())
     torch.cuda.synchronize()
     assert_matches_reference(out, lse, case.args(), f"fp8 score jumps, {splits}", **case.scales())
 
@@ -573,15 +597,13 @@ def test_fp8_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     static = _static_inputs(batch, num_draft, num_heads, max_prefix)
     static["k_buffer"] = static["k_buffer"].to(FP8)
     plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+    metadata = _static_metadata(static, plan)
 
     def step() -> None:
         plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
         verify_attention_cuda(
-            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
-            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
-            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
-            static["out"], static["lse"], plan=plan, **FP8_SCALES,
-        )  # fmt: skip
+            metadata, *_static_layer(static), static["out"], static["lse"], **FP8_SCALES
+        )
 
     def captured_shape_case(prefix_lens, seed, mask="tree") -> VerifyCase:
         return fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=seed, sm_scale=0.1352)
@@ -682,11 +704,12 @@ def test_fp8_triton_numerics_cuda_graph_replay_equals_eager() -> None:
     plan = make_plan(4, 16, 32, "cuda")
     out = torch.empty(32, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(32, 16, dtype=torch.float32, device="cuda")
+    metadata = case.metadata(plan=plan)
 
     def step() -> None:
         plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
         verify_attention_cuda(
-            *case.args(), False, out, lse, plan=plan, fp8_numerics="triton", **case.scales()
+            metadata, *case.layer(), out, lse, fp8_numerics="triton", **case.scales()
         )
 
     side = torch.cuda.Stream()

@@ -123,11 +123,18 @@ def _load_backend(name: str, device: str) -> AttentionFn:
 
 
 def _kdtree_call(fn: Callable[..., torch.Tensor]) -> AttentionFn:
+    from kdtree_verify import VerifyMetadata
+
     def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
-        return fn(
-            q, k_extend, v_extend, k_buffer, v_buffer, meta.qo_indptr, meta.kv_indptr,
-            meta.kv_indices, meta.custom_mask, meta.mask_indptr, sm_scale,
-        )  # fmt: skip
+        metadata = VerifyMetadata.build(
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.custom_mask,
+            meta.mask_indptr,
+            sm_scale,
+        )
+        return fn(metadata, q, k_extend, v_extend, k_buffer, v_buffer)
 
     return call
 
