@@ -624,11 +624,23 @@ def main() -> int:
 
             def fp8_extend_call(inp=inp, ext_out=ext_out, T=T):
                 extend_attention_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"].contiguous(), ext_out, pool_fp8,
-                    pool_fp8[..., :DV], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-                    inp["mask"], True, inp["mask_indptr"], T, FP8_K_SCALE, FP8_V_SCALE,
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"].contiguous(),
+                    ext_out,
+                    pool_fp8,
+                    pool_fp8[..., :DV],
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    inp["mask"],
+                    True,
+                    inp["mask_indptr"],
+                    T,
+                    FP8_K_SCALE,
+                    FP8_V_SCALE,
                     sm_scale=sm_scale,
-                )  # fmt: skip
+                )
 
             rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
             kdtree_call()
@@ -643,10 +655,23 @@ def main() -> int:
 
             def extend_call(inp=inp, ext_out=ext_out, T=T):
                 extend_attention_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"].contiguous(), ext_out, pool.k, pool.v,
-                    inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["mask"], True,
-                    inp["mask_indptr"], T, 1.0, 1.0, sm_scale=sm_scale,
-                )  # fmt: skip
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"].contiguous(),
+                    ext_out,
+                    pool.k,
+                    pool.v,
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    inp["mask"],
+                    True,
+                    inp["mask_indptr"],
+                    T,
+                    1.0,
+                    1.0,
+                    sm_scale=sm_scale,
+                )
 
             rec["triton_extend_us"] = round(timer.per_call_us(extend_call, reps=3), 1)
             kdtree_call()
@@ -658,10 +683,23 @@ def main() -> int:
 
             def shared_kv_call(inp=inp, sk_out=sk_out, T=T):
                 return verify_shared_kv_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"], sk_out, pool.k, pool.v,
-                    inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], None, True, None, T,
-                    1.0, 1.0, sm_scale=sm_scale,
-                )  # fmt: skip
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"],
+                    sk_out,
+                    pool.k,
+                    pool.v,
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    None,
+                    True,
+                    None,
+                    T,
+                    1.0,
+                    1.0,
+                    sm_scale=sm_scale,
+                )
 
             try:
                 accepted = shared_kv_call()

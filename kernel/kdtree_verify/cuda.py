@@ -104,9 +104,22 @@ def verify_attention_cuda(
         )
     mask = metadata.custom_mask
     load().attend(
-        q, k_extend, v_extend, k_buffer, v_buffer, metadata.kv_indices,
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        metadata.kv_indices,
         mask.view(torch.uint8) if mask is not None else None,
-        out, lse, plan.workspace, plan.layout.offsets(), metadata.sm_scale, batch_size,
-        plan.num_tile_slots, plan.max_splits, float(k_scale), float(v_scale),
+        out,
+        lse,
+        plan.workspace,
+        plan.layout.offsets(),
+        metadata.sm_scale,
+        batch_size,
+        plan.num_tile_slots,
+        plan.max_splits,
+        float(k_scale),
+        float(v_scale),
         fp8_numerics == "triton",
-    )  # fmt: skip
+    )

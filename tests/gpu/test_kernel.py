@@ -84,9 +84,14 @@ def test_sweep_covers_every_axis_value() -> None:
 @pytest.mark.parametrize(("prefix_lens", "num_draft", "num_heads", "mask"), SWEEP)
 def test_sweep_against_reference(prefix_lens, num_draft, num_heads, mask) -> None:
     case = make_case(
-        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        prefix_lens,
+        num_draft,
+        num_heads,
+        mask=mask,
+        dtype=torch.bfloat16,
+        device="cuda",
         seed=sum(prefix_lens) + num_draft,
-    )  # fmt: skip
+    )
     what = f"B={len(prefix_lens)} prefix={prefix_lens[0]} T={num_draft} H={num_heads} {mask}"
     assert_matches_reference(*run_case(case), case.args(), what)
 
@@ -108,9 +113,14 @@ def _sglang_extend():
 def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) -> None:
     extend = _sglang_extend()
     case = make_case(
-        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        prefix_lens,
+        num_draft,
+        num_heads,
+        mask=mask,
+        dtype=torch.bfloat16,
+        device="cuda",
         seed=7 + num_draft,
-    )  # fmt: skip
+    )
     out, _ = run_case(case)
     theirs = extend(*case.args(), max_draft_tokens=num_draft)
     # Both sides are bf16 results with their own roundings: twice the one-sided bound.
@@ -123,10 +133,12 @@ def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) ->
      ((64, 63), 16, 8, "tree")],
 )  # fmt: skip
 def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, mask) -> None:
-    gpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                    device="cuda", seed=3)  # fmt: skip
-    cpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                    device="cpu", seed=3)  # fmt: skip
+    gpu = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda", seed=3
+    )
+    cpu = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cpu", seed=3
+    )
     out_gpu, lse_gpu = run_case(gpu)
     out_cpu, lse_cpu = verify_attention(*cpu.args(), return_lse=True)
     assert_close_bf16(out_gpu.cpu(), out_cpu, "CUDA vs CPU op")
@@ -164,8 +176,9 @@ def test_input_variants(variant: str) -> None:
         # Q as a view with padded rows: 584 keeps each row 16-byte aligned (copied to shared
         # memory), 580 does not (read straight into registers).
         width = 584 if variant == "q_rows_strided" else 580
-        padded = torch.full((*case.q.shape[:2], width), float("nan"), dtype=case.q.dtype,
-                            device="cuda")  # fmt: skip
+        padded = torch.full(
+            (*case.q.shape[:2], width), float("nan"), dtype=case.q.dtype, device="cuda"
+        )
         padded[..., :576] = case.q
         case.q = padded[..., :576]
         assert not case.q.is_contiguous()
@@ -188,9 +201,14 @@ def test_beyond_the_sweep(prefix_lens, num_draft, num_heads, index_dtype) -> Non
     the issue). Splits (plan.split_chunk): 16 of 12,512 tokens at 200k; 2 of 100,032 tokens at
     200k with T=64 (the cap allows 3, one wave takes 2); 4 of 51,232 at H=128."""
     case = make_case(
-        prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda",
-        seed=sum(prefix_lens) + num_draft, index_dtype=index_dtype,
-    )  # fmt: skip
+        prefix_lens,
+        num_draft,
+        num_heads,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=sum(prefix_lens) + num_draft,
+        index_dtype=index_dtype,
+    )
     what = f"prefixes {prefix_lens} T={num_draft} H={num_heads}"
     assert_matches_reference(*run_case(case), case.args(), what)
 
@@ -242,8 +260,9 @@ def test_plan_less_calls_on_two_streams_get_their_own_workspace() -> None:
     stream gets its own workspace (one shared workspace would be a race between them)."""
     from kdtree_verify import cuda as cuda_op
 
-    cases = [make_case((3000, 40), 8, 16, dtype=torch.bfloat16, device="cuda", seed=s)
-             for s in (1, 2)]  # fmt: skip
+    cases = [
+        make_case((3000, 40), 8, 16, dtype=torch.bfloat16, device="cuda", seed=s) for s in (1, 2)
+    ]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     results = []
     for case, stream in zip(cases, streams, strict=True):
@@ -323,8 +342,16 @@ def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     def captured_shape_case(
         prefix_lens: tuple[int, ...], seed: int, mask: str = "tree"
     ) -> VerifyCase:
-        return make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                         device="cuda", seed=seed, sm_scale=0.1352)  # fmt: skip
+        return make_case(
+            prefix_lens,
+            num_draft,
+            num_heads,
+            mask=mask,
+            dtype=torch.bfloat16,
+            device="cuda",
+            seed=seed,
+            sm_scale=0.1352,
+        )
 
     first = captured_shape_case((100, 5000, 0, 33), seed=1)
     _load_case(static, first)
@@ -411,8 +438,10 @@ def test_plan_refuses_a_workspace_short_of_the_formula() -> None:
 def test_ragged_draft_counts() -> None:
     """qo_indptr need not be uniform: requests with 1, 0, 9 and 3 draft tokens in one batch (the
     request without draft tokens has a prefix but no rows, hence no row tiles)."""
-    parts = [make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
-             for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])]  # fmt: skip
+    parts = [
+        make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
+        for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])
+    ]
     base = parts[0]
     q = torch.cat([c.q for c in parts])
     k_ext = torch.cat([c.k_extend for c in parts])
@@ -434,8 +463,9 @@ def test_batch_wider_than_the_plan_block(num_draft: int, num_heads: int) -> None
     """600 requests: each of the plan kernel's 256 threads owns up to 3 of them, so the row-tile
     table is written in several warp-wide rounds (8 row tiles per request at H=128, T=2)."""
     prefixes = tuple((0, 1, 33, 70, 129)[i % 5] for i in range(600))
-    case = make_case(prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16,
-                     device="cuda", seed=5)  # fmt: skip
+    case = make_case(
+        prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16, device="cuda", seed=5
+    )
     assert_matches_reference(*run_case(case), case.args(), f"B=600 T={num_draft} H={num_heads}")
 
 
@@ -455,8 +485,9 @@ def test_plan_splits_by_the_host_rule(name: str) -> None:
     gives every request ceil((L + N) / chunk) splits: one wave of CTAs wherever one fits."""
     requests, heads = PLAN_BATCHES[name]
     qo = torch.tensor([0, *itertools.accumulate(n for n, _ in requests)], device="cuda")
-    kv = torch.tensor([0, *itertools.accumulate(p for _, p in requests)], device="cuda",
-                      dtype=torch.int32)  # fmt: skip
+    kv = torch.tensor(
+        [0, *itertools.accumulate(p for _, p in requests)], device="cuda", dtype=torch.int32
+    )
     plan = make_plan(len(requests), heads, int(qo[-1]), "cuda")
     plan.update(qo, kv)
     ws = plan.workspace.cpu()
@@ -619,10 +650,13 @@ def test_fp8_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     with torch.cuda.graph(graph):
         step()
     for i, case in enumerate(
-        [first, captured_shape_case((4999, 1, 64, 2048), seed=2),
-         captured_shape_case((0, 0, 0, 0), seed=3),
-         captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain")]
-    ):  # fmt: skip
+        [
+            first,
+            captured_shape_case((4999, 1, 64, 2048), seed=2),
+            captured_shape_case((0, 0, 0, 0), seed=3),
+            captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain"),
+        ]
+    ):
         _load_case(static, case)
         static["out"].zero_()
         graph.replay()

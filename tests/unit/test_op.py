@@ -110,8 +110,9 @@ def test_fp8_pool_is_stored_as_sglang_stores_it():
 def test_fp8_cpu_op_equals_reference_on_dequantized_values(chunk_size, mask):
     """In float32 the specification's only departure from the reference is where the scales go
     (k_scale on the scores, v_scale on P, not on the stored operands): a float32 rounding."""
-    case = make_case([0, 1, 63, 65, 130], 5, 4, mask=mask, seed=4, kv_dtype=FP8, k_scale=0.75,
-                     v_scale=1.25)  # fmt: skip
+    case = make_case(
+        [0, 1, 63, 65, 130], 5, 4, mask=mask, seed=4, kv_dtype=FP8, k_scale=0.75, v_scale=1.25
+    )
     ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True, **case.scales())
     out, lse = verify_attention(*case.args(chunk_size=chunk_size), return_lse=True, **case.scales())
     # (the dequantized values are ~1.7x the bf16 cases', and chunk 1 merges ~130 partials)
@@ -144,8 +145,17 @@ def test_fp8_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
     rounded to fp16, the output to bf16)."""
     from kdtree_verify.testing import assert_close_bf16
 
-    case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5,
-                     kv_dtype=FP8, k_scale=0.8, v_scale=1.5)  # fmt: skip
+    case = make_case(
+        [0, 200, 37],
+        8,
+        8,
+        mask="tree",
+        dtype=torch.bfloat16,
+        seed=5,
+        kv_dtype=FP8,
+        k_scale=0.8,
+        v_scale=1.5,
+    )
     ref = verify_attention_reference(*case.args(), **case.scales())
     out = verify_attention(*case.args(), **case.scales())
     assert out.dtype == torch.bfloat16
@@ -183,14 +193,50 @@ def test_round_e4m3_is_the_saturating_round_to_nearest_even_cast():
     from kdtree_verify.op import round_e4m3
 
     values = torch.tensor(
-        [0.0, -0.0, 1.0625, 1.0626, 1.1875, 0.001, 0.0009, 2.0**-10, 2.0**-9 * 1.5, 0.0136,
-         447.0, 448.0, 463.9, 464.0, 1e6, -1e6, float("inf"), float("-inf")]
-    )  # fmt: skip
+        [
+            0.0,
+            -0.0,
+            1.0625,
+            1.0626,
+            1.1875,
+            0.001,
+            0.0009,
+            2.0**-10,
+            2.0**-9 * 1.5,
+            0.0136,
+            447.0,
+            448.0,
+            463.9,
+            464.0,
+            1e6,
+            -1e6,
+            float("inf"),
+            float("-inf"),
+        ]
+    )
     rounded = round_e4m3(values)
     expected = torch.tensor(
-        [0.0, -0.0, 1.0, 1.125, 1.25, 2.0**-9, 0.0, 0.0, 2.0**-8, 7 * 2.0**-9,
-         448.0, 448.0, 448.0, 448.0, 448.0, -448.0, 448.0, -448.0]
-    )  # fmt: skip
+        [
+            0.0,
+            -0.0,
+            1.0,
+            1.125,
+            1.25,
+            2.0**-9,
+            0.0,
+            0.0,
+            2.0**-8,
+            7 * 2.0**-9,
+            448.0,
+            448.0,
+            448.0,
+            448.0,
+            448.0,
+            -448.0,
+            448.0,
+            -448.0,
+        ]
+    )
     assert torch.equal(rounded, expected), (rounded - expected).abs().max()
     assert torch.isnan(round_e4m3(torch.tensor([float("nan")]))).all()
     # Every e4m3 value is kept, and anything else lands on the nearest one (ties to even).
@@ -204,16 +250,27 @@ def test_triton_numerics_are_one_sequential_pass_for_any_split_size(mask):
     """Each split starts from the running max of every earlier split, so P is rounded against the
     same max whatever the split size: the merged result is the one-split result (to float32
     rounding), which is what lets the kernel split a prefix and still round as Triton does."""
-    case = make_case([0, 1, 63, 65, 300], 6, 4, mask=mask, dtype=torch.bfloat16, seed=8,
-                     kv_dtype=FP8, k_scale=0.75, v_scale=1.25)  # fmt: skip
+    case = make_case(
+        [0, 1, 63, 65, 300],
+        6,
+        4,
+        mask=mask,
+        dtype=torch.bfloat16,
+        seed=8,
+        kv_dtype=FP8,
+        k_scale=0.75,
+        v_scale=1.25,
+    )
     whole = verify_attention(
         *case.args(chunk_size=4096), fp8_numerics="triton", return_lse=True, **case.scales()
     )
     for chunk_size in (1, 32, 64, 96):
         split = verify_attention(
-            *case.args(chunk_size=chunk_size), fp8_numerics="triton", return_lse=True,
+            *case.args(chunk_size=chunk_size),
+            fp8_numerics="triton",
+            return_lse=True,
             **case.scales(),
-        )  # fmt: skip
+        )
         torch.testing.assert_close(split[0], whole[0], atol=2**-8, rtol=2**-8)
         torch.testing.assert_close(split[1], whole[1], atol=1e-5, rtol=1e-6)
 
@@ -223,8 +280,17 @@ def test_triton_numerics_round_q_and_p_to_e4m3():
     more than the fp16 mode's own distance to the reference, and it still stays near it."""
     from kdtree_verify.testing import assert_close_bf16
 
-    case = make_case([200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5, kv_dtype=FP8,
-                     k_scale=0.8, v_scale=1.5)  # fmt: skip
+    case = make_case(
+        [200, 37],
+        8,
+        8,
+        mask="tree",
+        dtype=torch.bfloat16,
+        seed=5,
+        kv_dtype=FP8,
+        k_scale=0.8,
+        v_scale=1.5,
+    )
     ref = verify_attention_reference(*case.args(), **case.scales()).float()
     fp16 = verify_attention(*case.args(), **case.scales()).float()
     triton = verify_attention(*case.args(), fp8_numerics="triton", **case.scales()).float()

@@ -48,9 +48,13 @@ def _sglang_context():
 
 def scaled_layer(k_scale: float = K_SCALE, v_scale: float = V_SCALE):
     return testing.make_layer(
-        0, HEADS, k_scale=torch.tensor(k_scale), v_scale=torch.tensor(v_scale),
-        k_scale_float=k_scale, v_scale_float=v_scale,
-    )  # fmt: skip
+        0,
+        HEADS,
+        k_scale=torch.tensor(k_scale),
+        v_scale=torch.tensor(v_scale),
+        k_scale_float=k_scale,
+        v_scale_float=v_scale,
+    )
 
 
 def run(backend_cls, layer, **kwargs):
@@ -67,9 +71,11 @@ def run(backend_cls, layer, **kwargs):
 def ours(mode: VerifyMode, layer):
     registry = CollectorRegistry()
     out, backend, batch = run(
-        KdtreeTritonAttnBackend, layer, kdtree_settings=VerifySettings(mode=mode),
+        KdtreeTritonAttnBackend,
+        layer,
+        kdtree_settings=VerifySettings(mode=mode),
         kdtree_registry=registry,
-    )  # fmt: skip
+    )
     return out, backend, batch, registry
 
 
