@@ -57,12 +57,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/mma_ceiling.py
 
 import mma_ceiling
 
-from kdtree_verify import deepseek_v3_sm_scale, verify_attention_reference
+from kdtree_verify import (
+    QK_DIM,
+    V_DIM,
+    VerifyMetadata,
+    deepseek_v3_sm_scale,
+    verify_attention_reference,
+)
 from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan, split_chunk
 from kdtree_verify.testing import random_tree_parents, tree_visibility
 
-QK, DV = 576, 512
+QK, DV = QK_DIM, V_DIM
 GRID_B = (1, 8, 32)
 GRID_H = (8, 16, 128)
 GRID_T = (8, 16, 32)
@@ -330,17 +336,29 @@ def build_inputs(pool: Pool, B: int, H: int, T: int, prefix: int, gen: torch.Gen
     }
 
 
+def forward_metadata(inp: dict, sm_scale: float, plan=None) -> VerifyMetadata:
+    """The forward's metadata of ``build_inputs``' tensors (built once, shared by every layer)."""
+    return VerifyMetadata.build(
+        inp["qo_indptr"],
+        inp["kv_indptr"],
+        inp["kv_indices"],
+        inp["mask"],
+        inp["mask_indptr"],
+        sm_scale,
+        plan=plan,
+    )
+
+
 def kdtree_layer_call(
     pool: Pool, inp: dict, out: torch.Tensor, lse: torch.Tensor, plan, sm_scale: float
 ) -> Callable[[], None]:
     """One layer call of our kernel on ``build_inputs``' tensors with a planned workspace."""
+    metadata = forward_metadata(inp, sm_scale, plan)
 
     def call() -> None:
         verify_attention_cuda(
-            inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, inp["qo_indptr"],
-            inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
-            False, out, lse, plan=plan,
-        )  # fmt: skip
+            metadata, inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, out, lse
+        )
 
     return call
 
@@ -356,14 +374,22 @@ def kdtree_fp8_layer_call(
 ) -> Callable[[], None]:
     """One layer call of our kernel on the fp8 pool (the same plan: it depends on shapes only),
     rounding per ``fp8_numerics``."""
+    metadata = forward_metadata(inp, sm_scale, plan)
 
     def call() -> None:
         verify_attention_cuda(
-            inp["q"], inp["k_ext"], inp["v_ext"], pool_fp8, pool_fp8[..., :DV], inp["qo_indptr"],
-            inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
-            False, out, lse, plan=plan, k_scale=FP8_K_SCALE, v_scale=FP8_V_SCALE,
+            metadata,
+            inp["q"],
+            inp["k_ext"],
+            inp["v_ext"],
+            pool_fp8,
+            pool_fp8[..., :DV],
+            out,
+            lse,
+            k_scale=FP8_K_SCALE,
+            v_scale=FP8_V_SCALE,
             fp8_numerics=fp8_numerics,
-        )  # fmt: skip
+        )
 
     return call
 
@@ -598,11 +624,23 @@ def main() -> int:
 
             def fp8_extend_call(inp=inp, ext_out=ext_out, T=T):
                 extend_attention_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"].contiguous(), ext_out, pool_fp8,
-                    pool_fp8[..., :DV], inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"],
-                    inp["mask"], True, inp["mask_indptr"], T, FP8_K_SCALE, FP8_V_SCALE,
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"].contiguous(),
+                    ext_out,
+                    pool_fp8,
+                    pool_fp8[..., :DV],
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    inp["mask"],
+                    True,
+                    inp["mask_indptr"],
+                    T,
+                    FP8_K_SCALE,
+                    FP8_V_SCALE,
                     sm_scale=sm_scale,
-                )  # fmt: skip
+                )
 
             rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
             kdtree_call()
@@ -617,10 +655,23 @@ def main() -> int:
 
             def extend_call(inp=inp, ext_out=ext_out, T=T):
                 extend_attention_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"].contiguous(), ext_out, pool.k, pool.v,
-                    inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], inp["mask"], True,
-                    inp["mask_indptr"], T, 1.0, 1.0, sm_scale=sm_scale,
-                )  # fmt: skip
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"].contiguous(),
+                    ext_out,
+                    pool.k,
+                    pool.v,
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    inp["mask"],
+                    True,
+                    inp["mask_indptr"],
+                    T,
+                    1.0,
+                    1.0,
+                    sm_scale=sm_scale,
+                )
 
             rec["triton_extend_us"] = round(timer.per_call_us(extend_call, reps=3), 1)
             kdtree_call()
@@ -632,10 +683,23 @@ def main() -> int:
 
             def shared_kv_call(inp=inp, sk_out=sk_out, T=T):
                 return verify_shared_kv_fwd(
-                    inp["q"], inp["k_ext"], inp["v_ext"], sk_out, pool.k, pool.v,
-                    inp["qo_indptr"], inp["kv_indptr"], inp["kv_indices"], None, True, None, T,
-                    1.0, 1.0, sm_scale=sm_scale,
-                )  # fmt: skip
+                    inp["q"],
+                    inp["k_ext"],
+                    inp["v_ext"],
+                    sk_out,
+                    pool.k,
+                    pool.v,
+                    inp["qo_indptr"],
+                    inp["kv_indptr"],
+                    inp["kv_indices"],
+                    None,
+                    True,
+                    None,
+                    T,
+                    1.0,
+                    1.0,
+                    sm_scale=sm_scale,
+                )
 
             try:
                 accepted = shared_kv_call()
@@ -650,9 +714,13 @@ def main() -> int:
         rec["reference_us"] = None
         if not fp8 and B * H * T * P <= REFERENCE_MAX_WORK:
             args_ref = (
-                inp["q"], inp["k_ext"], inp["v_ext"], pool.k, pool.v, inp["qo_indptr"],
-                inp["kv_indptr"], inp["kv_indices"], inp["mask"], inp["mask_indptr"], sm_scale,
-            )  # fmt: skip
+                forward_metadata(inp, sm_scale),
+                inp["q"],
+                inp["k_ext"],
+                inp["v_ext"],
+                pool.k,
+                pool.v,
+            )
             verify_attention_reference(*args_ref)
             torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -43,6 +43,7 @@ from kernel_bench import Pool, Timer, build_inputs
 
 from kdtree_inference.sglang.dispatch import verify_with_inputs
 from kdtree_inference.sglang.marshal import VerifyMarshal
+from kdtree_verify import VerifyMetadata
 
 BATCH = 1
 PREFIX = 32768
@@ -107,12 +108,25 @@ def measure(pool: Pool, timer: Timer, heads: int, draft: int, gen: torch.Generat
             prepared, inputs["q"], inputs["k_ext"], inputs["v_ext"], pool.k, pool.v, SM_SCALE
         )
 
+    stock_metadata = VerifyMetadata.build(
+        metadata.qo_indptr,
+        metadata.kv_indptr,
+        metadata.kv_indices,
+        metadata.custom_mask,
+        metadata.mask_indptr,
+        SM_SCALE,
+    )
+
     def triton():
         return sglang_extend_attention(
-            inputs["q"], inputs["k_ext"], inputs["v_ext"], pool.k, pool.v, metadata.qo_indptr,
-            metadata.kv_indptr, metadata.kv_indices, metadata.custom_mask, metadata.mask_indptr,
-            SM_SCALE, max_draft_tokens=draft,
-        )  # fmt: skip
+            stock_metadata,
+            inputs["q"],
+            inputs["k_ext"],
+            inputs["v_ext"],
+            pool.k,
+            pool.v,
+            max_draft_tokens=draft,
+        )
 
     ours, stock = layer(), triton()
     max_abs_diff = (ours.float() - stock.float()).abs().max().item()

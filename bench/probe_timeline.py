@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/kernel_bench.py
 from kernel_bench import L2_STATES, Pool, Timer, build_inputs, kdtree_layer_call
 
-from kdtree_verify import deepseek_v3_sm_scale
+from kdtree_verify import V_DIM, deepseek_v3_sm_scale
 from kdtree_verify._build import load
 from kdtree_verify.plan import make_plan
 
@@ -64,7 +64,7 @@ def probe_shapes(ext, pool: Pool, timer: Timer, scale: float) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1)
     for B, H, T, P in SHAPES:
         inp = build_inputs(pool, B, H, T, P, gen)
-        out = torch.empty(B * T, H, 512, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(B * T, H, V_DIM, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(B * T, H, dtype=torch.float32, device="cuda")
         plan = make_plan(B, H, B * T, "cuda")
         plan.update(inp["qo_indptr"], inp["kv_indptr"], inp["mask_indptr"])

@@ -1,10 +1,10 @@
 """CUDA implementation of ``kdtree::verify_attention`` (the kernel in kernel/csrc/).
 
-``verify_attention_cuda`` is what the op's CUDA kernel registration calls. Without a ``plan`` it
-plans on every call (one tiny extra kernel) using a workspace cached per static shape and stream;
-SGLang's backend makes one ``VerifyPlan`` per forward (``make_plan`` + ``VerifyPlan.update``) and
-passes it to every layer, which keeps the call free of allocation and host work under CUDA-graph
-capture.
+``verify_attention_cuda`` is what the op's front door calls on CUDA. Without a plan in the
+metadata it plans on every call (one tiny extra kernel) using a workspace cached per static shape
+and stream; SGLang's backend makes one ``VerifyPlan`` per forward (``make_plan`` +
+``VerifyPlan.update``) and builds it into the forward's ``VerifyMetadata``, which keeps every
+layer's call free of allocation and host work under CUDA-graph capture.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._build import load
+from .metadata import VerifyMetadata, check_contiguous
 from .plan import VerifyPlan, make_plan
 from .validation import FP8_KV_DTYPE, VerifyInputError
 
@@ -55,82 +56,70 @@ def check_supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         )
 
 
-def check_kernel_layout(
-    q: torch.Tensor,
-    indices: dict[str, torch.Tensor | None],
-    outputs: dict[str, torch.Tensor],
-) -> None:
-    """Refuse, by name and before any kernel runs, what the extension would only stop with a
-    RuntimeError or misread: ``indices`` (index and mask tensors, read by position) must be
-    contiguous, and ``outputs`` (out, lse, a plan's workspace) must be on q's device. The op's
-    front door checks the inputs' devices and shapes; the CPU op accepts strided indices, so this
-    is the CUDA path's."""
-    for name, t in indices.items():
-        if t is not None and not t.is_contiguous():
-            raise VerifyInputError(
-                f"{name}: the CUDA kernel reads it by position, so it must be contiguous; got "
-                f"strides {t.stride()}"
-            )
+def check_outputs(q: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
+    """Refuse, by name and before any kernel runs, outputs the kernel would write on another
+    device than q's (the extension would only stop with a RuntimeError)."""
     for name, t in outputs.items():
         if t.device != q.device:
             raise VerifyInputError(f"{name}: is on {t.device} but q is on {q.device}")
 
 
 def verify_attention_cuda(
+    metadata: VerifyMetadata,
     q: torch.Tensor,
     k_extend: torch.Tensor,
     v_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
-    causal: bool,
     out: torch.Tensor,
     lse: torch.Tensor,
     *,
-    plan: VerifyPlan | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     fp8_numerics: str = "fp16",
 ) -> None:
     """Write attention into ``out`` [T, H, 512] (q's dtype) and ``lse`` [T, H] (fp32, natural log).
 
-    ``causal=True`` ignores ``custom_mask`` (draft token i sees draft tokens 0..i). With ``plan``
-    given, it must already be ``update``d for this qo_indptr / kv_indptr (once per forward).
-    A float8_e4m3fn pool is dequantized on chip with ``k_scale``/``v_scale`` and rounded per
-    ``fp8_numerics`` (``"fp16"`` or ``"triton"``; docs/kernel-fp8.md).
+    The front door (``verify_attention``) has validated the arguments. With ``metadata.plan``
+    (checked when the metadata was built, ``update``d once per forward) the call does no
+    allocation and no host work; without one it plans here. A float8_e4m3fn pool is dequantized
+    on chip with ``k_scale``/``v_scale`` and rounded per ``fp8_numerics`` (``"fp16"`` or
+    ``"triton"``; docs/kernel-fp8.md).
     """
     check_supported(q, k_buffer, v_buffer)
-    batch_size = qo_indptr.shape[0] - 1
+    batch_size = metadata.batch_size
     if q.shape[0] == 0:
         return
-    mask = None if causal else custom_mask
-    if not causal and custom_mask is None:
-        raise VerifyInputError("custom_mask: required when causal=False")
-    indices = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr, "kv_indices": kv_indices}
-    if mask is not None:
-        indices |= {"custom_mask": mask, "mask_indptr": mask_indptr}
-    outputs = {"out": out, "lse": lse}
-    if plan is not None:
-        outputs["plan.workspace"] = plan.workspace
-    check_kernel_layout(q, indices, outputs)
+    check_outputs(q, {"out": out, "lse": lse})
+    plan = metadata.plan
     if plan is None:
+        check_contiguous(metadata.named_tensors())
         plan = _cached_plan(q, batch_size)
-        plan.update(qo_indptr, kv_indptr, mask_indptr if mask is not None else None)
+        plan.update(metadata.qo_indptr, metadata.kv_indptr, metadata.mask_indptr)
+        plan.check_workspace()
     elif not plan.matches(batch_size, q.shape[1], q.shape[0]):
         raise VerifyInputError(
             f"plan: made for batch {plan.batch_size}, {plan.num_heads} heads, "
             f"{plan.total_tokens} tokens; called with {batch_size}, {q.shape[1]}, {q.shape[0]}"
         )
-    plan.check_workspace()
+    mask = metadata.custom_mask
     load().attend(
-        q, k_extend, v_extend, k_buffer, v_buffer, kv_indices,
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        metadata.kv_indices,
         mask.view(torch.uint8) if mask is not None else None,
-        out, lse, plan.workspace, plan.layout.offsets(), float(sm_scale), batch_size,
-        plan.num_tile_slots, plan.max_splits, float(k_scale), float(v_scale),
+        out,
+        lse,
+        plan.workspace,
+        plan.layout.offsets(),
+        metadata.sm_scale,
+        batch_size,
+        plan.num_tile_slots,
+        plan.max_splits,
+        float(k_scale),
+        float(v_scale),
         fp8_numerics == "triton",
-    )  # fmt: skip
+    )

@@ -13,15 +13,14 @@ import math
 
 import torch
 
+from .dims import V_DIM
+from .metadata import VerifyMetadata
 from .reference import draft_visibility
-from .validation import FP8_KV_DTYPE, validate_verify_inputs
+from .validation import FP8_KV_DTYPE, validate_layer
 
 KV_TILE = 32
 """Tokens per KV tile of the kernel (kBlockN); with ``fp8_numerics="triton"`` the running max moves
 once per tile, as Triton's moves once per block (32 tokens on sm_120)."""
-
-DEFAULT_CHUNK_SIZE = 256
-"""Prefix tokens per split in the CPU specification (the kernel plans its own split size)."""
 
 
 def merge_partials(
@@ -142,23 +141,19 @@ def _triton_fp8_attention(
 
 
 def split_kv_verify_cpu(
+    metadata: VerifyMetadata,
     q: torch.Tensor,
     k_extend: torch.Tensor,
     v_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     fp8_numerics: str = "fp16",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's algorithm: prefix in chunks, draft block as one more partial, LSE merge.
+    """The kernel's algorithm: prefix in chunks of ``metadata.chunk_size``, draft block as one
+    more partial, LSE merge.
 
     An fp8 pool's prefix partials take ``k_scale`` on the scores and ``v_scale`` on P (the
     kernel's placement of SGLang's descales); the draft partial is unscaled. With an fp8 pool the
@@ -166,6 +161,8 @@ def split_kv_verify_cpu(
     Float32 q (the CPU op only) keeps float32 throughout. ``fp8_numerics="triton"`` (fp8 pool
     only) rounds as SGLang's Triton fp8 path does (``_triton_fp8_attention``).
     """
+    sm_scale, chunk_size = metadata.sm_scale, metadata.chunk_size
+    custom_mask = metadata.custom_mask
     fp8_pool = k_buffer.dtype == FP8_KV_DTYPE
     triton_rounding = fp8_pool and fp8_numerics == "triton"
     fp16_mma = fp8_pool and q.dtype != torch.float32
@@ -174,22 +171,31 @@ def split_kv_verify_cpu(
     total_tokens, num_heads, _ = q.shape
     out = torch.zeros(total_tokens, num_heads, v_buffer.shape[-1], dtype=torch.float32)
     lse = torch.full((total_tokens, num_heads), float("-inf"), dtype=torch.float32)
-    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    mask_starts = mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
+    qo, kv = metadata.qo_indptr.tolist(), metadata.kv_indptr.tolist()
+    mask_starts = metadata.mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
     for b in range(len(qo) - 1):
         q_lo, q_hi = qo[b], qo[b + 1]
         num_draft = q_hi - q_lo
         if num_draft == 0:
             continue
         queries = operand(q[q_lo:q_hi])
-        prefix = kv_indices[kv[b] : kv[b + 1]].long()
+        prefix = metadata.kv_indices[kv[b] : kv[b + 1]].long()
         visible = draft_visibility(custom_mask, mask_starts[b], num_draft, prefix.shape[0])
         draft_keys, draft_values = operand(k_extend[q_lo:q_hi, 0]), operand(v_extend[q_lo:q_hi, 0])
         if triton_rounding:
             out[q_lo:q_hi], lse[q_lo:q_hi] = _triton_fp8_attention(
-                queries, k_buffer[prefix, 0].float(), v_buffer[prefix, 0].float(), draft_keys,
-                draft_values, visible, sm_scale, q.dtype, k_scale, v_scale, chunk_size,
-            )  # fmt: skip
+                queries,
+                k_buffer[prefix, 0].float(),
+                v_buffer[prefix, 0].float(),
+                draft_keys,
+                draft_values,
+                visible,
+                sm_scale,
+                q.dtype,
+                k_scale,
+                v_scale,
+                chunk_size,
+            )
             continue
         partial_outs, partial_lses = [], []
         for start in range(0, prefix.shape[0], chunk_size):
@@ -239,18 +245,88 @@ def _verify_attention_op(
     )
 
 
-# The CPU implementation is the specification itself, registered as is.
-_verify_attention_op.register_kernel("cpu")(split_kv_verify_cpu)
+def _from_op_args(args: tuple) -> tuple[VerifyMetadata, tuple, dict]:
+    """The op's flat arguments (its schema above, validated by the front door) as the metadata,
+    the layer's tensors and the pool's numerics."""
+    (
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        mask_indptr,
+        sm_scale,
+        chunk_size,
+        k_scale,
+        v_scale,
+        fp8_numerics,
+    ) = args
+    metadata = VerifyMetadata(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        mask_indptr if custom_mask is not None else None,
+        sm_scale,
+        chunk_size=chunk_size,
+    )
+    numerics = {"k_scale": k_scale, "v_scale": v_scale, "fp8_numerics": fp8_numerics}
+    return metadata, (q, k_extend, v_extend, k_buffer, v_buffer), numerics
 
 
-def _empty_outputs(q: torch.Tensor, v_buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    out = q.new_empty(*q.shape[:2], v_buffer.shape[-1])
+def op_arguments(
+    metadata: VerifyMetadata,
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    fp8_numerics: str = "fp16",
+) -> tuple:
+    """The flat arguments of ``kdtree::verify_attention`` (its schema's order) for a call of
+    ``verify_attention``: the inverse of ``_from_op_args``."""
+    return (
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        metadata.qo_indptr,
+        metadata.kv_indptr,
+        metadata.kv_indices,
+        metadata.custom_mask,
+        metadata.mask_indptr,
+        metadata.sm_scale,
+        metadata.chunk_size,
+        float(k_scale),
+        float(v_scale),
+        fp8_numerics,
+    )
+
+
+@_verify_attention_op.register_kernel("cpu")
+def _verify_attention_cpu(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    # The CPU implementation is the specification itself.
+    metadata, layer, numerics = _from_op_args(args)
+    return split_kv_verify_cpu(metadata, *layer, **numerics)
+
+
+def _empty_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = q.new_empty(*q.shape[:2], V_DIM)
     lse = q.new_empty(q.shape[:2], dtype=torch.float32)
     return out, lse
 
 
-@_verify_attention_op.register_kernel("cuda")
-def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_cuda(
+    metadata: VerifyMetadata, layer: tuple, numerics: dict
+) -> tuple[torch.Tensor, torch.Tensor]:
     from . import cuda as cuda_impl
 
     run = getattr(cuda_impl, "verify_attention_cuda", None)
@@ -259,61 +335,63 @@ def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
             "kdtree_verify: the CUDA kernel is not available in this build "
             "(kdtree_verify.cuda.verify_attention_cuda is missing); build it with `make kernel`"
         )
-    *op_args, _chunk_size, k_scale, v_scale, fp8_numerics = args  # the kernel plans its splits
-    q, v_buffer, custom_mask = op_args[0], op_args[4], op_args[8]
-    out, lse = _empty_outputs(q, v_buffer)
-    run(
-        *op_args, causal=custom_mask is None, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale,
-        fp8_numerics=fp8_numerics,
-    )  # fmt: skip
+    out, lse = _empty_outputs(layer[0])
+    run(metadata, *layer, out, lse, **numerics)
     return out, lse
+
+
+@_verify_attention_op.register_kernel("cuda")
+def _verify_attention_cuda(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_cuda(*_from_op_args(args))  # the kernel plans its own splits
 
 
 @_verify_attention_op.register_fake
 def _verify_attention_fake(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
-    return _empty_outputs(args[0], args[4])
+    return _empty_outputs(args[0])
 
 
 def verify_attention(
+    metadata: VerifyMetadata,
     q: torch.Tensor,
     k_extend: torch.Tensor,
     v_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
     *,
     return_lse: bool = False,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
     check_values: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     fp8_numerics: str = "fp16",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """MLA tree-verify attention in SGLang's target-verify layout (docs/kernel.md, "The interface").
+    """MLA tree-verify attention of one layer in SGLang's target-verify layout (docs/kernel.md,
+    "The interface"), for a forward's ``metadata`` (``VerifyMetadata.build``).
 
     Returns out [T_total, H, 512] in q's dtype, and with ``return_lse`` the natural-log LSE
     [T_total, H] float32. ``check_values`` adds the validation that reads tensor contents (a host
-    sync on GPU; never use it under CUDA-graph capture). ``chunk_size`` is the prefix split size
-    of the CPU implementation. A float8_e4m3fn pool is dequantized with ``k_scale``/``v_scale``
-    and rounded per ``fp8_numerics`` (docs/kernel-fp8.md states both modes' numerics).
+    sync on GPU; never use it under CUDA-graph capture). A float8_e4m3fn pool is dequantized with
+    ``k_scale``/``v_scale`` and rounded per ``fp8_numerics`` (docs/kernel-fp8.md states both
+    modes' numerics). With ``metadata.plan`` the CUDA kernel runs on that plan (no allocation
+    beyond the outputs, no host work); otherwise the call goes through ``kdtree::verify_attention``.
     """
-    validate_verify_inputs(
-        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, check_values=check_values, k_scale=k_scale,
-        v_scale=v_scale, fp8_numerics=fp8_numerics,
-    )  # fmt: skip
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
-    out, lse = torch.ops.kdtree.verify_attention(
-        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, float(sm_scale), int(chunk_size), float(k_scale),
-        float(v_scale), fp8_numerics,
-    )  # fmt: skip
+    validate_layer(
+        metadata,
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        check_values=check_values,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        fp8_numerics=fp8_numerics,
+    )
+    layer = (q, k_extend, v_extend, k_buffer, v_buffer)
+    numerics = {"k_scale": k_scale, "v_scale": v_scale, "fp8_numerics": fp8_numerics}
+    if metadata.plan is not None:
+        out, lse = _run_cuda(metadata, layer, numerics)
+    else:
+        out, lse = torch.ops.kdtree.verify_attention(*op_arguments(metadata, *layer, **numerics))
     return (out, lse) if return_lse else out
 
 

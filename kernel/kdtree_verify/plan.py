@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .dims import V_DIM
+
 BLOCK_M = 32
 """Query rows (draft token x head) per CTA; must equal kBlockM in csrc/verify_config.h."""
-V_DIM = 512
 TILE_META_BYTES = 48
 """sizeof(TileMeta) in csrc/verify_params.h."""
 MAX_SPLITS = 128
@@ -198,10 +199,17 @@ class VerifyPlan:
             )
         self.check_workspace()
         load().plan(
-            qo_indptr, kv_indptr, mask_indptr, self.workspace, self.layout.offsets(),
-            self.batch_size, self.num_heads, self.num_tile_slots, self.max_splits,
+            qo_indptr,
+            kv_indptr,
+            mask_indptr,
+            self.workspace,
+            self.layout.offsets(),
+            self.batch_size,
+            self.num_heads,
+            self.num_tile_slots,
+            self.max_splits,
             self.target_ctas,
-        )  # fmt: skip
+        )
 
 
 def default_target_ctas(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> int:

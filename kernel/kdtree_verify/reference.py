@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .validation import validate_verify_inputs
+from .metadata import VerifyMetadata
+from .validation import validate_layer
 
 
 def draft_visibility(
@@ -36,17 +37,12 @@ def draft_visibility(
 
 
 def verify_attention_reference(
+    metadata: VerifyMetadata,
     q: torch.Tensor,
     k_extend: torch.Tensor,
     v_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
     *,
     return_lse: bool = False,
     k_scale: float = 1.0,
@@ -57,23 +53,31 @@ def verify_attention_reference(
     Returns ``out`` [T_total, H, 512] in q's dtype, and with ``return_lse`` also the natural-log
     log-sum-exp of the scaled scores, [T_total, H] float32. Computed in float32 on q's device.
     """
-    validate_verify_inputs(
-        q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask, mask_indptr, sm_scale, check_values=True, k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
+    validate_layer(
+        metadata,
+        q,
+        k_extend,
+        v_extend,
+        k_buffer,
+        v_buffer,
+        check_values=True,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    custom_mask, sm_scale = metadata.custom_mask, metadata.sm_scale
     total_tokens, num_heads, _ = q.shape
     v_dim = v_buffer.shape[-1]
     out = torch.empty(total_tokens, num_heads, v_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(total_tokens, num_heads, dtype=torch.float32, device=q.device)
-    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
-    mask_starts = mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
+    qo, kv = metadata.qo_indptr.tolist(), metadata.kv_indptr.tolist()
+    mask_starts = metadata.mask_indptr.tolist() if custom_mask is not None else [0] * len(qo)
 
     for b in range(len(qo) - 1):
         q_lo, q_hi = qo[b], qo[b + 1]
         num_draft = q_hi - q_lo
         if num_draft == 0:
             continue
-        prefix = kv_indices[kv[b] : kv[b + 1]].long()
+        prefix = metadata.kv_indices[kv[b] : kv[b + 1]].long()
         prefix_len = prefix.shape[0]
         keys = torch.cat([k_buffer[prefix, 0].float() * k_scale, k_extend[q_lo:q_hi, 0].float()])
         values = torch.cat([v_buffer[prefix, 0].float() * v_scale, v_extend[q_lo:q_hi, 0].float()])

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from .dims import QK_DIM, V_DIM
+from .metadata import VerifyMetadata
 from .op import deepseek_v3_sm_scale
 from .reference import verify_attention_reference
-from .validation import QK_DIM, V_DIM
 
 MaskKind = Literal["tree", "chain", "causal"]
 
@@ -87,12 +88,26 @@ class VerifyCase:
         """Keyword arguments ``k_scale``/``v_scale`` (1.0 unless the pool is fp8)."""
         return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
-    def args(self) -> tuple:
-        """Positional arguments for ``verify_attention`` / ``verify_attention_reference``."""
-        return (
-            self.q, self.k_extend, self.v_extend, self.k_buffer, self.v_buffer, self.qo_indptr,
-            self.kv_indptr, self.kv_indices, self.custom_mask, self.mask_indptr, self.sm_scale,
-        )  # fmt: skip
+    def metadata(self, **options: Any) -> VerifyMetadata:
+        """The case's ``VerifyMetadata`` (``options``: ``plan``, ``chunk_size``)."""
+        return VerifyMetadata.build(
+            self.qo_indptr,
+            self.kv_indptr,
+            self.kv_indices,
+            self.custom_mask,
+            self.mask_indptr,
+            self.sm_scale,
+            **options,
+        )
+
+    def layer(self) -> tuple[torch.Tensor, ...]:
+        """One layer's tensors: q, k_extend, v_extend, k_buffer, v_buffer."""
+        return self.q, self.k_extend, self.v_extend, self.k_buffer, self.v_buffer
+
+    def args(self, **options: Any) -> tuple:
+        """Positional arguments for ``verify_attention`` / ``verify_attention_reference``: the
+        metadata (``options`` as for :meth:`metadata`), then the layer's tensors."""
+        return (self.metadata(**options), *self.layer())
 
     @property
     def max_seq_len(self) -> int:
@@ -197,17 +212,12 @@ def make_case(
 
 
 def sglang_extend_attention(
+    metadata: VerifyMetadata,
     q: torch.Tensor,
     k_extend: torch.Tensor,
     v_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-    sm_scale: float,
     *,
     max_draft_tokens: int | None = None,
     k_scale: float = 1.0,
@@ -223,14 +233,28 @@ def sglang_extend_attention(
     """
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
+    qo_indptr = metadata.qo_indptr
     if max_draft_tokens is None:
         max_draft_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max())
     out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
     extend_attention_fwd(
-        q, k_extend.contiguous(), v_extend.contiguous(), out, k_buffer, v_buffer,
-        qo_indptr, kv_indptr, kv_indices, custom_mask, True, mask_indptr,
-        max_draft_tokens, k_scale, v_scale, sm_scale=sm_scale,
-    )  # fmt: skip
+        q,
+        k_extend.contiguous(),
+        v_extend.contiguous(),
+        out,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        metadata.kv_indptr,
+        metadata.kv_indices,
+        metadata.custom_mask,
+        True,
+        metadata.mask_indptr,
+        max_draft_tokens,
+        k_scale,
+        v_scale,
+        sm_scale=metadata.sm_scale,
+    )
     return out
 
 

@@ -9,11 +9,15 @@ host; they run only when asked (``check_values=True``) or on CPU tensors, where 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-QK_DIM = 576  # 512 latent (the value) + 64 rope
-V_DIM = 512
+from .dims import QK_DIM, ROPE_DIM, V_DIM
+
+if TYPE_CHECKING:
+    from .metadata import VerifyMetadata
+
 INDEX_DTYPES = (torch.int32, torch.int64)
 MASK_DTYPES = (torch.bool, torch.uint8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -55,38 +59,83 @@ def _check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
         _fail(name, f"the last dimension must be contiguous (stride 1), got strides {t.stride()}")
 
 
-def validate_verify_inputs(
-    q: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
+def validate_metadata(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     custom_mask: torch.Tensor | None,
     mask_indptr: torch.Tensor | None,
     sm_scale: float,
+    chunk_size: int,
+) -> None:
+    """Raise :class:`VerifyInputError` naming the first malformed per-forward argument.
+
+    Shapes and dtypes only (no host sync). Devices are checked against q by
+    :func:`validate_layer`, and the checks that read values need q and the pool too.
+    """
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        _check_rank(t, name, 1, "[B + 1]")
+        if t.dtype not in INDEX_DTYPES:
+            _fail(name, f"dtype must be int32 or int64, got {t.dtype}")
+    batch_size = qo_indptr.shape[0] - 1
+    if batch_size < 1:
+        _fail("qo_indptr", "needs at least 2 entries (one request)")
+    if kv_indptr.shape[0] != batch_size + 1:
+        _fail("kv_indptr", f"has {kv_indptr.shape[0]} entries, qo_indptr has {batch_size + 1}")
+    _check_rank(kv_indices, "kv_indices", 1, "[total prefix tokens]")
+    if kv_indices.dtype not in INDEX_DTYPES:
+        _fail("kv_indices", f"dtype must be int32 or int64, got {kv_indices.dtype}")
+
+    if custom_mask is not None:
+        _check_rank(custom_mask, "custom_mask", 1, "(flat, per request N x (prefix + N))")
+        if custom_mask.dtype not in MASK_DTYPES:
+            _fail("custom_mask", f"dtype must be bool or uint8, got {custom_mask.dtype}")
+        if mask_indptr is None:
+            _fail("mask_indptr", "is required when custom_mask is given")
+        _check_rank(mask_indptr, "mask_indptr", 1, "[B + 1]")
+        if mask_indptr.dtype not in INDEX_DTYPES:
+            _fail("mask_indptr", f"dtype must be int32 or int64, got {mask_indptr.dtype}")
+        if mask_indptr.shape[0] != batch_size + 1:
+            _fail("mask_indptr", f"has {mask_indptr.shape[0]} entries, expected {batch_size + 1}")
+
+    validate_sm_scale(sm_scale)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
+
+
+def validate_sm_scale(sm_scale: float) -> None:
+    """The softmax scale is a positive number."""
+    if not (isinstance(sm_scale, float | int) and sm_scale > 0):
+        _fail("sm_scale", f"must be a positive number, got {sm_scale!r}")
+
+
+def validate_layer(
+    metadata: VerifyMetadata,
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
     *,
     check_values: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     fp8_numerics: str = "fp16",
 ) -> VerifyShape:
-    """Raise :class:`VerifyInputError` naming the first malformed argument.
+    """Raise :class:`VerifyInputError` naming the first malformed per-layer argument.
 
     ``k_buffer``/``v_buffer`` are in q's dtype, or both float8_e4m3fn with the per-layer
     ``k_scale``/``v_scale`` (positive; 1.0 for any other pool). ``k_extend``/``v_extend`` are
-    always in q's dtype.
+    always in q's dtype. ``metadata`` (validated when it was built) must be on q's device.
 
     ``check_values`` adds the checks that read tensor contents (a host sync on GPU tensors):
     indptr arrays start at 0 and never decrease, qo/kv/mask extents match the tensors they index,
     and every kv index lies inside the pool. On CPU tensors these checks always run.
     """
-    _check_rank(q, "q", 3, "[T_total, H, 576]")
+    _check_rank(q, "q", 3, f"[T_total, H, {QK_DIM}]")
     total_tokens, num_heads, qk_dim = q.shape
     if qk_dim != QK_DIM:
-        _fail("q", f"last dim must be {QK_DIM} (512 latent + 64 rope), got {qk_dim}")
+        _fail("q", f"last dim must be {QK_DIM} ({V_DIM} latent + {ROPE_DIM} rope), got {qk_dim}")
     if num_heads < 1:
         _fail("q", "needs at least one head")
     if q.dtype not in FLOAT_DTYPES:
@@ -131,42 +180,10 @@ def validate_verify_inputs(
         if t.device != device:
             _fail(name, f"is on {t.device} but q is on {device}")
         _check_last_dim_contiguous(t, name)
-
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        _check_rank(t, name, 1, "[B + 1]")
-        if t.dtype not in INDEX_DTYPES:
-            _fail(name, f"dtype must be int32 or int64, got {t.dtype}")
+    for name, t in metadata.named_tensors():
         if t.device != device:
             _fail(name, f"is on {t.device} but q is on {device}")
-    batch_size = qo_indptr.shape[0] - 1
-    if batch_size < 1:
-        _fail("qo_indptr", "needs at least 2 entries (one request)")
-    if kv_indptr.shape[0] != batch_size + 1:
-        _fail("kv_indptr", f"has {kv_indptr.shape[0]} entries, qo_indptr has {batch_size + 1}")
-    _check_rank(kv_indices, "kv_indices", 1, "[total prefix tokens]")
-    if kv_indices.dtype not in INDEX_DTYPES:
-        _fail("kv_indices", f"dtype must be int32 or int64, got {kv_indices.dtype}")
-    if kv_indices.device != device:
-        _fail("kv_indices", f"is on {kv_indices.device} but q is on {device}")
 
-    if custom_mask is not None:
-        _check_rank(custom_mask, "custom_mask", 1, "(flat, per request N x (prefix + N))")
-        if custom_mask.dtype not in MASK_DTYPES:
-            _fail("custom_mask", f"dtype must be bool or uint8, got {custom_mask.dtype}")
-        if custom_mask.device != device:
-            _fail("custom_mask", f"is on {custom_mask.device} but q is on {device}")
-        if mask_indptr is None:
-            _fail("mask_indptr", "is required when custom_mask is given")
-        _check_rank(mask_indptr, "mask_indptr", 1, "[B + 1]")
-        if mask_indptr.dtype not in INDEX_DTYPES:
-            _fail("mask_indptr", f"dtype must be int32 or int64, got {mask_indptr.dtype}")
-        if mask_indptr.shape[0] != batch_size + 1:
-            _fail("mask_indptr", f"has {mask_indptr.shape[0]} entries, expected {batch_size + 1}")
-        if mask_indptr.device != device:
-            _fail("mask_indptr", f"is on {mask_indptr.device} but q is on {device}")
-
-    if not (isinstance(sm_scale, float | int) and sm_scale > 0):
-        _fail("sm_scale", f"must be a positive number, got {sm_scale!r}")
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not (isinstance(value, float | int) and 0 < value < float("inf")):
             _fail(name, f"must be a positive finite number, got {value!r}")
@@ -178,16 +195,8 @@ def validate_verify_inputs(
         _fail("v_scale", f"must be <= {FP8_MAX_V_SCALE} with an fp8 pool (P x v_scale is fp16)")
 
     if check_values or device.type == "cpu":
-        _check_values(
-            total_tokens,
-            k_buffer.shape[0],
-            qo_indptr,
-            kv_indptr,
-            kv_indices,
-            custom_mask,
-            mask_indptr,
-        )
-    return VerifyShape(batch_size, total_tokens, num_heads, k_buffer.shape[0])
+        _check_values(metadata, total_tokens, k_buffer.shape[0])
+    return VerifyShape(metadata.batch_size, total_tokens, num_heads, k_buffer.shape[0])
 
 
 def _check_indptr(
@@ -209,15 +218,9 @@ def _check_indptr(
     return values
 
 
-def _check_values(
-    total_tokens: int,
-    pool_size: int,
-    qo_indptr: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor | None,
-) -> None:
+def _check_values(metadata: VerifyMetadata, total_tokens: int, pool_size: int) -> None:
+    qo_indptr, kv_indptr, kv_indices = metadata.qo_indptr, metadata.kv_indptr, metadata.kv_indices
+    custom_mask, mask_indptr = metadata.custom_mask, metadata.mask_indptr
     qo = _check_indptr("qo_indptr", qo_indptr, total_tokens, "q's token count")
     # SGLang's kv_indices is a buffer that may run past the batch's last entry.
     kv = _check_indptr(

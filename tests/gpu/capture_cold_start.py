@@ -28,7 +28,7 @@ CASES = [((5000,), 8, 8), ((3000, 70, 4097), 8, 16)]
 
 def launch(case: VerifyCase, plan: VerifyPlan, out: torch.Tensor, lse: torch.Tensor) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+    verify_attention_cuda(*case.args(plan=plan), out, lse)
 
 
 def main() -> int:

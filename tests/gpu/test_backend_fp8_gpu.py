@@ -38,15 +38,29 @@ CASES = [
 )
 def test_fp8_marshal_and_kernel_match(prefix_lens, num_draft, num_heads, mask, graph_layout):
     case = make_case(
-        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device=DEVICE,
-        seed=len(prefix_lens), kv_dtype=FP8, fp8_exact_q=True, **SCALES,
-    )  # fmt: skip
+        prefix_lens,
+        num_draft,
+        num_heads,
+        mask=mask,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        seed=len(prefix_lens),
+        kv_dtype=FP8,
+        fp8_exact_q=True,
+        **SCALES,
+    )
     marshal = VerifyMarshal(DEVICE, num_heads, FP8)  # the backend passes the pool's dtype
     inputs = marshal.build(sglang_metadata(case, graph_layout=graph_layout))
     out = verify_with_inputs(
-        inputs, case.q, case.k_extend, case.v_extend, case.k_buffer, case.v_buffer,
-        case.sm_scale, **SCALES,
-    )  # fmt: skip
+        inputs,
+        case.q,
+        case.k_extend,
+        case.v_extend,
+        case.k_buffer,
+        case.v_buffer,
+        case.sm_scale,
+        **SCALES,
+    )
     truth = verify_attention_reference(*case.args(), **SCALES)
     assert_close_bf16(out, truth, f"fp8 backend path {prefix_lens[:3]}")
     if sum(prefix_lens) <= 40000:  # SGLang's extend walks the prefix serially: keep it short

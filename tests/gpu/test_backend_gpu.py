@@ -151,9 +151,14 @@ class StaticVerify:
 
     def attend(self, inputs):
         return verify_with_inputs(
-            inputs, self.q, self.k_extend, self.k_extend[..., :512], self.k_buffer,
-            self.k_buffer[..., :512], 0.1352,
-        )  # fmt: skip
+            inputs,
+            self.q,
+            self.k_extend,
+            self.k_extend[..., :512],
+            self.k_buffer,
+            self.k_buffer[..., :512],
+            0.1352,
+        )
 
 
 def graph_cases(batch, num_draft, num_heads, max_prefix):

@@ -20,9 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
+from kdtree_verify import (
+    VerifyInputError,
+    VerifyMetadata,
+    verify_attention,
+    verify_attention_reference,
+)
 from kdtree_verify.cuda import verify_attention_cuda
-from kdtree_verify.plan import make_plan, split_chunk
+from kdtree_verify.plan import VerifyPlan, make_plan, split_chunk
 from kdtree_verify.testing import (
     VerifyCase,
     assert_close_bf16,
@@ -79,9 +84,14 @@ def test_sweep_covers_every_axis_value() -> None:
 @pytest.mark.parametrize(("prefix_lens", "num_draft", "num_heads", "mask"), SWEEP)
 def test_sweep_against_reference(prefix_lens, num_draft, num_heads, mask) -> None:
     case = make_case(
-        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        prefix_lens,
+        num_draft,
+        num_heads,
+        mask=mask,
+        dtype=torch.bfloat16,
+        device="cuda",
         seed=sum(prefix_lens) + num_draft,
-    )  # fmt: skip
+    )
     what = f"B={len(prefix_lens)} prefix={prefix_lens[0]} T={num_draft} H={num_heads} {mask}"
     assert_matches_reference(*run_case(case), case.args(), what)
 
@@ -103,9 +113,14 @@ def _sglang_extend():
 def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) -> None:
     extend = _sglang_extend()
     case = make_case(
-        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda",
+        prefix_lens,
+        num_draft,
+        num_heads,
+        mask=mask,
+        dtype=torch.bfloat16,
+        device="cuda",
         seed=7 + num_draft,
-    )  # fmt: skip
+    )
     out, _ = run_case(case)
     theirs = extend(*case.args(), max_draft_tokens=num_draft)
     # Both sides are bf16 results with their own roundings: twice the one-sided bound.
@@ -118,10 +133,12 @@ def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) ->
      ((64, 63), 16, 8, "tree")],
 )  # fmt: skip
 def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, mask) -> None:
-    gpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                    device="cuda", seed=3)  # fmt: skip
-    cpu = make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                    device="cpu", seed=3)  # fmt: skip
+    gpu = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda", seed=3
+    )
+    cpu = make_case(
+        prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cpu", seed=3
+    )
     out_gpu, lse_gpu = run_case(gpu)
     out_cpu, lse_cpu = verify_attention(*cpu.args(), return_lse=True)
     assert_close_bf16(out_gpu.cpu(), out_cpu, "CUDA vs CPU op")
@@ -159,8 +176,9 @@ def test_input_variants(variant: str) -> None:
         # Q as a view with padded rows: 584 keeps each row 16-byte aligned (copied to shared
         # memory), 580 does not (read straight into registers).
         width = 584 if variant == "q_rows_strided" else 580
-        padded = torch.full((*case.q.shape[:2], width), float("nan"), dtype=case.q.dtype,
-                            device="cuda")  # fmt: skip
+        padded = torch.full(
+            (*case.q.shape[:2], width), float("nan"), dtype=case.q.dtype, device="cuda"
+        )
         padded[..., :576] = case.q
         case.q = padded[..., :576]
         assert not case.q.is_contiguous()
@@ -183,9 +201,14 @@ def test_beyond_the_sweep(prefix_lens, num_draft, num_heads, index_dtype) -> Non
     the issue). Splits (plan.split_chunk): 16 of 12,512 tokens at 200k; 2 of 100,032 tokens at
     200k with T=64 (the cap allows 3, one wave takes 2); 4 of 51,232 at H=128."""
     case = make_case(
-        prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda",
-        seed=sum(prefix_lens) + num_draft, index_dtype=index_dtype,
-    )  # fmt: skip
+        prefix_lens,
+        num_draft,
+        num_heads,
+        dtype=torch.bfloat16,
+        device="cuda",
+        seed=sum(prefix_lens) + num_draft,
+        index_dtype=index_dtype,
+    )
     what = f"prefixes {prefix_lens} T={num_draft} H={num_heads}"
     assert_matches_reference(*run_case(case), case.args(), what)
 
@@ -204,10 +227,8 @@ def test_refuses_fp32_e5m2_and_a_separate_fp8_v_with_clear_errors() -> None:
         v8 = k8[..., :512] if v8 is None else k8[..., :512].clone()
         with pytest.raises(VerifyInputError, match=message):
             verify_attention_cuda(
-                base.q, base.k_extend, base.v_extend, k8, v8, base.qo_indptr, base.kv_indptr,
-                base.kv_indices, base.custom_mask, base.mask_indptr, base.sm_scale, False, out,
-                lse,
-            )  # fmt: skip
+                base.metadata(), base.q, base.k_extend, base.v_extend, k8, v8, out, lse
+            )
 
 
 def test_cuda_path_refuses_layouts_it_would_misread() -> None:
@@ -216,15 +237,21 @@ def test_cuda_path_refuses_layouts_it_would_misread() -> None:
     case = make_case((300, 7), 4, 8, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(8, 8, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(8, 8, dtype=torch.float32, device="cuda")
-    args = list(case.args())
     spaced = torch.zeros(2 * case.kv_indices.numel(), dtype=case.kv_indices.dtype, device="cuda")
     spaced[::2] = case.kv_indices
-    args[7] = spaced[::2]  # kv_indices, the same values with stride 2
+    strided = VerifyMetadata.build(
+        case.qo_indptr,
+        case.kv_indptr,
+        spaced[::2],  # kv_indices, the same values with stride 2
+        case.custom_mask,
+        case.mask_indptr,
+        case.sm_scale,
+    )
     with pytest.raises(VerifyInputError, match="kv_indices: the CUDA kernel reads it by position"):
-        verify_attention_cuda(*args, False, out, lse)
+        verify_attention_cuda(strided, *case.layer(), out, lse)
     with pytest.raises(VerifyInputError, match="out: is on cpu but q is on cuda"):
-        verify_attention_cuda(*case.args(), False, out.cpu(), lse)
-    verify_attention_cuda(*case.args(), False, out, lse)  # the same call, laid out as required
+        verify_attention_cuda(*case.args(), out.cpu(), lse)
+    verify_attention_cuda(*case.args(), out, lse)  # the same call, laid out as required
     assert_matches_reference(out, lse, case.args(), "after the refusals")
 
 
@@ -233,8 +260,9 @@ def test_plan_less_calls_on_two_streams_get_their_own_workspace() -> None:
     stream gets its own workspace (one shared workspace would be a race between them)."""
     from kdtree_verify import cuda as cuda_op
 
-    cases = [make_case((3000, 40), 8, 16, dtype=torch.bfloat16, device="cuda", seed=s)
-             for s in (1, 2)]  # fmt: skip
+    cases = [
+        make_case((3000, 40), 8, 16, dtype=torch.bfloat16, device="cuda", seed=s) for s in (1, 2)
+    ]
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     results = []
     for case, stream in zip(cases, streams, strict=True):
@@ -282,25 +310,48 @@ def _load_case(static: dict, case: VerifyCase) -> None:
     static["mask"][: case.custom_mask.shape[0]].copy_(case.custom_mask)
 
 
+def _static_metadata(static: dict, plan: VerifyPlan) -> VerifyMetadata:
+    """The forward's metadata on the static buffers (built once; the plan is updated per step)."""
+    return VerifyMetadata.build(
+        static["qo_indptr"],
+        static["kv_indptr"],
+        static["kv_indices"],
+        static["mask"],
+        static["mask_indptr"],
+        0.1352,
+        plan=plan,
+    )
+
+
+def _static_layer(static: dict) -> tuple[torch.Tensor, ...]:
+    """One layer's tensors on the static buffers: q, k_extend, v_extend, k_buffer, v_buffer."""
+    k_extend, k_buffer = static["k_extend"], static["k_buffer"]
+    return static["q"], k_extend, k_extend[..., :512], k_buffer, k_buffer[..., :512]
+
+
 def test_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     batch, num_draft, num_heads, max_prefix = 4, 8, 16, 5000
     static = _static_inputs(batch, num_draft, num_heads, max_prefix)
     plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+    metadata = _static_metadata(static, plan)
 
     def step() -> None:
         plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
-        verify_attention_cuda(
-            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
-            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
-            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
-            static["out"], static["lse"], plan=plan,
-        )  # fmt: skip
+        verify_attention_cuda(metadata, *_static_layer(static), static["out"], static["lse"])
 
     def captured_shape_case(
         prefix_lens: tuple[int, ...], seed: int, mask: str = "tree"
     ) -> VerifyCase:
-        return make_case(prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16,
-                         device="cuda", seed=seed, sm_scale=0.1352)  # fmt: skip
+        return make_case(
+            prefix_lens,
+            num_draft,
+            num_heads,
+            mask=mask,
+            dtype=torch.bfloat16,
+            device="cuda",
+            seed=seed,
+            sm_scale=0.1352,
+        )
 
     first = captured_shape_case((100, 5000, 0, 33), seed=1)
     _load_case(static, first)
@@ -366,7 +417,7 @@ def test_late_score_jumps_move_the_running_max(splits: str) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
     out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+    verify_attention_cuda(*case.args(plan=plan), out, lse)
     torch.cuda.synchronize()
     ref_out, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     assert float(ref_lse[:8].max() - ref_lse[8:].max()) > 8  # the jumps dominate request 0
@@ -387,8 +438,10 @@ def test_plan_refuses_a_workspace_short_of_the_formula() -> None:
 def test_ragged_draft_counts() -> None:
     """qo_indptr need not be uniform: requests with 1, 0, 9 and 3 draft tokens in one batch (the
     request without draft tokens has a prefix but no rows, hence no row tiles)."""
-    parts = [make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
-             for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])]  # fmt: skip
+    parts = [
+        make_case((p,), n, 12, dtype=torch.bfloat16, device="cuda", seed=s, mask="causal")
+        for s, (p, n) in enumerate([(500, 1), (70, 9), (1, 3)])
+    ]
     base = parts[0]
     q = torch.cat([c.q for c in parts])
     k_ext = torch.cat([c.k_extend for c in parts])
@@ -399,8 +452,8 @@ def test_ragged_draft_counts() -> None:
     kv_indices = torch.cat(kv_indices)
     qo = torch.tensor([0, 1, 1, 10, 13], device="cuda")
     kv = torch.tensor([0, 500, 540, 610, 611], device="cuda")
-    args = (q, k_ext, k_ext[..., :512], pool, pool[..., :512], qo, kv, kv_indices, None, None,
-            base.sm_scale)  # fmt: skip
+    metadata = VerifyMetadata.build(qo, kv, kv_indices, None, None, base.sm_scale)
+    args = (metadata, q, k_ext, k_ext[..., :512], pool, pool[..., :512])
     out, lse = verify_attention(*args, return_lse=True)
     assert_matches_reference(out, lse, args, "ragged draft counts")
 
@@ -410,8 +463,9 @@ def test_batch_wider_than_the_plan_block(num_draft: int, num_heads: int) -> None
     """600 requests: each of the plan kernel's 256 threads owns up to 3 of them, so the row-tile
     table is written in several warp-wide rounds (8 row tiles per request at H=128, T=2)."""
     prefixes = tuple((0, 1, 33, 70, 129)[i % 5] for i in range(600))
-    case = make_case(prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16,
-                     device="cuda", seed=5)  # fmt: skip
+    case = make_case(
+        prefixes, num_draft, num_heads, mask="tree", dtype=torch.bfloat16, device="cuda", seed=5
+    )
     assert_matches_reference(*run_case(case), case.args(), f"B=600 T={num_draft} H={num_heads}")
 
 
@@ -431,8 +485,9 @@ def test_plan_splits_by_the_host_rule(name: str) -> None:
     gives every request ceil((L + N) / chunk) splits: one wave of CTAs wherever one fits."""
     requests, heads = PLAN_BATCHES[name]
     qo = torch.tensor([0, *itertools.accumulate(n for n, _ in requests)], device="cuda")
-    kv = torch.tensor([0, *itertools.accumulate(p for _, p in requests)], device="cuda",
-                      dtype=torch.int32)  # fmt: skip
+    kv = torch.tensor(
+        [0, *itertools.accumulate(p for _, p in requests)], device="cuda", dtype=torch.int32
+    )
     plan = make_plan(len(requests), heads, int(qo[-1]), "cuda")
     plan.update(qo, kv)
     ws = plan.workspace.cpu()
@@ -530,7 +585,7 @@ def test_fp8_late_score_jumps_move_the_running_max(splits: str) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
     out = torch.empty(16, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(16, 16, dtype=torch.float32, device="cuda")
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan, **case.scales())
+    verify_attention_cuda(*case.args(plan=plan), out, lse, **case.scales())
     torch.cuda.synchronize()
     assert_matches_reference(out, lse, case.args(), f"fp8 score jumps, {splits}", **case.scales())
 
@@ -573,15 +628,13 @@ def test_fp8_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     static = _static_inputs(batch, num_draft, num_heads, max_prefix)
     static["k_buffer"] = static["k_buffer"].to(FP8)
     plan = make_plan(batch, num_heads, batch * num_draft, "cuda")
+    metadata = _static_metadata(static, plan)
 
     def step() -> None:
         plan.update(static["qo_indptr"], static["kv_indptr"], static["mask_indptr"])
         verify_attention_cuda(
-            static["q"], static["k_extend"], static["k_extend"][..., :512], static["k_buffer"],
-            static["k_buffer"][..., :512], static["qo_indptr"], static["kv_indptr"],
-            static["kv_indices"], static["mask"], static["mask_indptr"], 0.1352, False,
-            static["out"], static["lse"], plan=plan, **FP8_SCALES,
-        )  # fmt: skip
+            metadata, *_static_layer(static), static["out"], static["lse"], **FP8_SCALES
+        )
 
     def captured_shape_case(prefix_lens, seed, mask="tree") -> VerifyCase:
         return fp8_case(prefix_lens, num_draft, num_heads, mask=mask, seed=seed, sm_scale=0.1352)
@@ -597,10 +650,13 @@ def test_fp8_cuda_graph_replay_with_new_metadata_equals_eager() -> None:
     with torch.cuda.graph(graph):
         step()
     for i, case in enumerate(
-        [first, captured_shape_case((4999, 1, 64, 2048), seed=2),
-         captured_shape_case((0, 0, 0, 0), seed=3),
-         captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain")]
-    ):  # fmt: skip
+        [
+            first,
+            captured_shape_case((4999, 1, 64, 2048), seed=2),
+            captured_shape_case((0, 0, 0, 0), seed=3),
+            captured_shape_case((3000, 3000, 3000, 3000), seed=4, mask="chain"),
+        ]
+    ):
         _load_case(static, case)
         static["out"].zero_()
         graph.replay()
@@ -682,11 +738,12 @@ def test_fp8_triton_numerics_cuda_graph_replay_equals_eager() -> None:
     plan = make_plan(4, 16, 32, "cuda")
     out = torch.empty(32, 16, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(32, 16, dtype=torch.float32, device="cuda")
+    metadata = case.metadata(plan=plan)
 
     def step() -> None:
         plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
         verify_attention_cuda(
-            *case.args(), False, out, lse, plan=plan, fp8_numerics="triton", **case.scales()
+            metadata, *case.layer(), out, lse, fp8_numerics="triton", **case.scales()
         )
 
     side = torch.cuda.Stream()

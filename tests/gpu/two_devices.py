@@ -30,7 +30,7 @@ def run_on(device: torch.device) -> None:
     plan.update(case.qo_indptr, case.kv_indptr, case.mask_indptr)
     out = torch.empty(total, heads, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(total, heads, dtype=torch.float32, device=device)
-    verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+    verify_attention_cuda(*case.args(plan=plan), out, lse)
     torch.cuda.synchronize(device)
     assert_matches_reference(out, lse, case.args(), str(device))
     print(f"{device}: matches the reference")

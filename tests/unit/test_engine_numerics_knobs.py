@@ -12,7 +12,7 @@ from kdtree_inference.engine.attention import AttentionBackend, ExtendMetadata
 from kdtree_inference.engine.config import EngineConfig
 from kdtree_inference.engine.corpus import prompts
 from kdtree_inference.engine.scheduler import Engine, GenerationRequest
-from kdtree_verify import verify_attention_reference
+from kdtree_verify import VerifyMetadata, verify_attention_reference
 
 
 def _verify_inputs(prefix_lens: list[int], n: int = 4, heads: int = 8):
@@ -50,10 +50,10 @@ def _verify_inputs(prefix_lens: list[int], n: int = 4, heads: int = 8):
 def test_split_kv_attention_is_the_same_attention_in_another_rounding() -> None:
     q, ke, ve, kb, vb, meta = _verify_inputs([300, 17, 1])
     scale = 128**-0.5
-    reference = verify_attention_reference(
-        q, ke, ve, kb, vb, meta.qo_indptr, meta.kv_indptr, meta.kv_indices,
-        meta.custom_mask, meta.mask_indptr, scale,
-    )  # fmt: skip
+    metadata = VerifyMetadata.build(
+        meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, meta.mask_indptr, scale
+    )
+    reference = verify_attention_reference(metadata, q, ke, ve, kb, vb)
     for splits in (2, 4, 7):
         split = AttentionBackend("reference", "cpu", kv_splits=splits)(
             q, ke, ve, kb, vb, meta, scale

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdtree_verify import plan
+from kdtree_verify import dims, plan
 
 CONFIG = (Path(plan.__file__).resolve().parent.parent / "csrc" / "verify_config.h").read_text()
 
@@ -26,7 +26,8 @@ def test_constants_match_the_kernel_config() -> None:
     assert _cpp_constant("kBlockN") == plan.BLOCK_N
     assert "kChunkMinTokens = 2 * kBlockN;" in CONFIG and plan.CHUNK_MIN_TOKENS == 2 * plan.BLOCK_N
     assert _cpp_constant("kMaxSplits") == plan.MAX_SPLITS
-    assert _cpp_constant("kHeadDimV") == plan.V_DIM
+    assert _cpp_constant("kHeadDimV") == plan.V_DIM == dims.V_DIM == 512
+    assert _cpp_constant("kHeadDimQK") == dims.QK_DIM == dims.V_DIM + dims.ROPE_DIM == 576
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -5,20 +5,24 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kdtree_verify import merge_partials, verify_attention, verify_attention_reference
+from kdtree_verify.op import op_arguments
 from kdtree_verify.testing import boost_prefix_keys, make_case
 
 
 def test_op_is_registered_and_passes_torch_opcheck():
     case = make_case([0, 9, 40], 4, 3, seed=1)
-    args = (*case.args(), 16, 1.0, 1.0, "fp16")
+    args = op_arguments(*case.args(chunk_size=16))
     torch.library.opcheck(torch.ops.kdtree.verify_attention.default, args)
 
 
 def test_fake_implementation_gives_shapes_without_computing():
     case = make_case([3, 5], 4, 7, dtype=torch.bfloat16, seed=1)
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in case.args()]
-        out, lse = torch.ops.kdtree.verify_attention(*fake_args, 256, 1.0, 1.0, "fp16")
+        fake_args = [
+            mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+            for a in op_arguments(*case.args())
+        ]
+        out, lse = torch.ops.kdtree.verify_attention(*fake_args)
     assert out.shape == (8, 7, 512) and out.dtype == torch.bfloat16
     assert lse.shape == (8, 7) and lse.dtype == torch.float32
 
@@ -27,7 +31,7 @@ def test_fake_implementation_gives_shapes_without_computing():
 def test_cpu_op_equals_reference_in_float32_for_any_chunking(chunk_size):
     case = make_case([0, 1, 63, 64, 65, 130], 5, 4, mask="tree", seed=4)
     ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
-    out, lse = verify_attention(*case.args(), return_lse=True, chunk_size=chunk_size)
+    out, lse = verify_attention(*case.args(chunk_size=chunk_size), return_lse=True)
     torch.testing.assert_close(out, ref, atol=3e-6, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse, atol=3e-6, rtol=1e-6)
 
@@ -38,7 +42,7 @@ def test_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
     bf16 ulps of the float32 reference on the same inputs."""
     case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5)
     ref = verify_attention_reference(*case.args()).float()
-    out = verify_attention(*case.args(), chunk_size=64).float()
+    out = verify_attention(*case.args(chunk_size=64)).float()
     scale = ref.abs().amax(dim=-1, keepdim=True)
     assert ((out - ref).abs() / scale).max() < 2 * 2**-8
 
@@ -71,7 +75,7 @@ def test_cpu_op_follows_late_score_jumps_and_an_early_spike():
     boost_prefix_keys(case, {5: 60.0, 1500: 80.0, 3000: 160.0, 4000: 320.0})
     ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True)
     assert float(ref_lse[:8].max() - ref_lse[8:].max()) > 8  # the jumps dominate request 0
-    out, lse = verify_attention(*case.args(), return_lse=True, chunk_size=64)
+    out, lse = verify_attention(*case.args(chunk_size=64), return_lse=True)
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
     torch.testing.assert_close(lse, ref_lse, atol=3e-5, rtol=1e-5)
 
@@ -81,7 +85,7 @@ FP8 = torch.float8_e4m3fn
 
 def test_fp8_op_passes_torch_opcheck():
     case = make_case([0, 9, 40], 4, 3, seed=1, kv_dtype=FP8, k_scale=0.5, v_scale=2.0)
-    args = (*case.args(), 16, case.k_scale, case.v_scale, "triton")
+    args = op_arguments(*case.args(chunk_size=16), fp8_numerics="triton", **case.scales())
     # test_schema compares inputs before and after with an arithmetic op that fp8 CPU tensors
     # lack; the fake-tensor and autograd-registration checks run.
     torch.library.opcheck(
@@ -106,12 +110,11 @@ def test_fp8_pool_is_stored_as_sglang_stores_it():
 def test_fp8_cpu_op_equals_reference_on_dequantized_values(chunk_size, mask):
     """In float32 the specification's only departure from the reference is where the scales go
     (k_scale on the scores, v_scale on P, not on the stored operands): a float32 rounding."""
-    case = make_case([0, 1, 63, 65, 130], 5, 4, mask=mask, seed=4, kv_dtype=FP8, k_scale=0.75,
-                     v_scale=1.25)  # fmt: skip
-    ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True, **case.scales())
-    out, lse = verify_attention(
-        *case.args(), return_lse=True, chunk_size=chunk_size, **case.scales()
+    case = make_case(
+        [0, 1, 63, 65, 130], 5, 4, mask=mask, seed=4, kv_dtype=FP8, k_scale=0.75, v_scale=1.25
     )
+    ref, ref_lse = verify_attention_reference(*case.args(), return_lse=True, **case.scales())
+    out, lse = verify_attention(*case.args(chunk_size=chunk_size), return_lse=True, **case.scales())
     # (the dequantized values are ~1.7x the bf16 cases', and chunk 1 merges ~130 partials)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-6)
@@ -142,8 +145,17 @@ def test_fp8_cpu_op_in_bf16_is_within_bf16_rounding_of_the_float32_reference():
     rounded to fp16, the output to bf16)."""
     from kdtree_verify.testing import assert_close_bf16
 
-    case = make_case([0, 200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5,
-                     kv_dtype=FP8, k_scale=0.8, v_scale=1.5)  # fmt: skip
+    case = make_case(
+        [0, 200, 37],
+        8,
+        8,
+        mask="tree",
+        dtype=torch.bfloat16,
+        seed=5,
+        kv_dtype=FP8,
+        k_scale=0.8,
+        v_scale=1.5,
+    )
     ref = verify_attention_reference(*case.args(), **case.scales())
     out = verify_attention(*case.args(), **case.scales())
     assert out.dtype == torch.bfloat16
@@ -160,7 +172,7 @@ def test_fp8_cpu_op_models_the_fp16_operands_q_saturates_at_65504():
     def spec_with(value: float) -> tuple[torch.Tensor, torch.Tensor]:
         q = case.q.clone()
         q[0, 0, 5], q[1, 2, 100] = value, -value
-        args[0] = q
+        args[1] = q
         return verify_attention(*args, return_lse=True, **case.scales())
 
     out_20, lse_20 = spec_with(2.0**20)
@@ -181,14 +193,50 @@ def test_round_e4m3_is_the_saturating_round_to_nearest_even_cast():
     from kdtree_verify.op import round_e4m3
 
     values = torch.tensor(
-        [0.0, -0.0, 1.0625, 1.0626, 1.1875, 0.001, 0.0009, 2.0**-10, 2.0**-9 * 1.5, 0.0136,
-         447.0, 448.0, 463.9, 464.0, 1e6, -1e6, float("inf"), float("-inf")]
-    )  # fmt: skip
+        [
+            0.0,
+            -0.0,
+            1.0625,
+            1.0626,
+            1.1875,
+            0.001,
+            0.0009,
+            2.0**-10,
+            2.0**-9 * 1.5,
+            0.0136,
+            447.0,
+            448.0,
+            463.9,
+            464.0,
+            1e6,
+            -1e6,
+            float("inf"),
+            float("-inf"),
+        ]
+    )
     rounded = round_e4m3(values)
     expected = torch.tensor(
-        [0.0, -0.0, 1.0, 1.125, 1.25, 2.0**-9, 0.0, 0.0, 2.0**-8, 7 * 2.0**-9,
-         448.0, 448.0, 448.0, 448.0, 448.0, -448.0, 448.0, -448.0]
-    )  # fmt: skip
+        [
+            0.0,
+            -0.0,
+            1.0,
+            1.125,
+            1.25,
+            2.0**-9,
+            0.0,
+            0.0,
+            2.0**-8,
+            7 * 2.0**-9,
+            448.0,
+            448.0,
+            448.0,
+            448.0,
+            448.0,
+            -448.0,
+            448.0,
+            -448.0,
+        ]
+    )
     assert torch.equal(rounded, expected), (rounded - expected).abs().max()
     assert torch.isnan(round_e4m3(torch.tensor([float("nan")]))).all()
     # Every e4m3 value is kept, and anything else lands on the nearest one (ties to even).
@@ -202,16 +250,27 @@ def test_triton_numerics_are_one_sequential_pass_for_any_split_size(mask):
     """Each split starts from the running max of every earlier split, so P is rounded against the
     same max whatever the split size: the merged result is the one-split result (to float32
     rounding), which is what lets the kernel split a prefix and still round as Triton does."""
-    case = make_case([0, 1, 63, 65, 300], 6, 4, mask=mask, dtype=torch.bfloat16, seed=8,
-                     kv_dtype=FP8, k_scale=0.75, v_scale=1.25)  # fmt: skip
+    case = make_case(
+        [0, 1, 63, 65, 300],
+        6,
+        4,
+        mask=mask,
+        dtype=torch.bfloat16,
+        seed=8,
+        kv_dtype=FP8,
+        k_scale=0.75,
+        v_scale=1.25,
+    )
     whole = verify_attention(
-        *case.args(), chunk_size=4096, fp8_numerics="triton", return_lse=True, **case.scales()
+        *case.args(chunk_size=4096), fp8_numerics="triton", return_lse=True, **case.scales()
     )
     for chunk_size in (1, 32, 64, 96):
         split = verify_attention(
-            *case.args(), chunk_size=chunk_size, fp8_numerics="triton", return_lse=True,
+            *case.args(chunk_size=chunk_size),
+            fp8_numerics="triton",
+            return_lse=True,
             **case.scales(),
-        )  # fmt: skip
+        )
         torch.testing.assert_close(split[0], whole[0], atol=2**-8, rtol=2**-8)
         torch.testing.assert_close(split[1], whole[1], atol=1e-5, rtol=1e-6)
 
@@ -221,8 +280,17 @@ def test_triton_numerics_round_q_and_p_to_e4m3():
     more than the fp16 mode's own distance to the reference, and it still stays near it."""
     from kdtree_verify.testing import assert_close_bf16
 
-    case = make_case([200, 37], 8, 8, mask="tree", dtype=torch.bfloat16, seed=5, kv_dtype=FP8,
-                     k_scale=0.8, v_scale=1.5)  # fmt: skip
+    case = make_case(
+        [200, 37],
+        8,
+        8,
+        mask="tree",
+        dtype=torch.bfloat16,
+        seed=5,
+        kv_dtype=FP8,
+        k_scale=0.8,
+        v_scale=1.5,
+    )
     ref = verify_attention_reference(*case.args(), **case.scales()).float()
     fp16 = verify_attention(*case.args(), **case.scales()).float()
     triton = verify_attention(*case.args(), fp8_numerics="triton", **case.scales()).float()
@@ -231,7 +299,7 @@ def test_triton_numerics_round_q_and_p_to_e4m3():
     assert float((triton - ref).norm() / ref.norm()) < 0.1
     # q already on the e4m3 grid: rounding q costs nothing, only P's rounding remains.
     on_grid = case.q.float().clamp(-448, 448).to(FP8).to(torch.bfloat16)
-    args = (on_grid, *case.args()[1:])
+    args = (case.metadata(), on_grid, *case.layer()[1:])
     ref_grid = verify_attention_reference(*args, **case.scales()).float()
     triton_grid = verify_attention(*args, fp8_numerics="triton", **case.scales()).float()
     assert float((triton_grid - ref_grid).norm() / ref_grid.norm()) < 0.05

@@ -25,7 +25,13 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from kdtree_inference.sglang import testing
 from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
 from kdtree_inference.sglang.modes import FP8_POOL_ATOL, VerifyMode, VerifySettings
-from kdtree_verify import verify_attention, verify_attention_reference
+from kdtree_verify import (
+    QK_DIM,
+    V_DIM,
+    VerifyMetadata,
+    verify_attention,
+    verify_attention_reference,
+)
 
 FP8 = torch.float8_e4m3fn
 HEADS, DRAFT, PREFIXES = 2, 3, [5, 17]
@@ -42,9 +48,13 @@ def _sglang_context():
 
 def scaled_layer(k_scale: float = K_SCALE, v_scale: float = V_SCALE):
     return testing.make_layer(
-        0, HEADS, k_scale=torch.tensor(k_scale), v_scale=torch.tensor(v_scale),
-        k_scale_float=k_scale, v_scale_float=v_scale,
-    )  # fmt: skip
+        0,
+        HEADS,
+        k_scale=torch.tensor(k_scale),
+        v_scale=torch.tensor(v_scale),
+        k_scale_float=k_scale,
+        v_scale_float=v_scale,
+    )
 
 
 def run(backend_cls, layer, **kwargs):
@@ -61,9 +71,11 @@ def run(backend_cls, layer, **kwargs):
 def ours(mode: VerifyMode, layer):
     registry = CollectorRegistry()
     out, backend, batch = run(
-        KdtreeTritonAttnBackend, layer, kdtree_settings=VerifySettings(mode=mode),
+        KdtreeTritonAttnBackend,
+        layer,
+        kdtree_settings=VerifySettings(mode=mode),
         kdtree_registry=registry,
-    )  # fmt: skip
+    )
     return out, backend, batch, registry
 
 
@@ -79,28 +91,41 @@ def pool_bytes(backend) -> torch.Tensor:
     return backend.token_to_kv_pool.get_key_buffer(0).view(torch.uint8)
 
 
-def reference_of(backend, batch, q, k, v, layer) -> torch.Tensor:
-    """The float32 reference on the pool's dequantized prefix and the bf16-path draft KV."""
+def layer_args(backend, q, k, v, layer) -> tuple:
+    """The backend's forward metadata and pool with one layer's q and draft KV, as the
+    positional arguments of ``verify_attention`` / ``verify_attention_reference``."""
     meta = backend.forward_metadata
     pool = backend.token_to_kv_pool
-    return verify_attention_reference(
-        q.view(-1, HEADS, 576), k.view(-1, 1, 576), v.reshape(-1, 1, 512),
-        pool.get_key_buffer(0), pool.get_value_buffer(0), meta.qo_indptr, meta.kv_indptr,
-        meta.kv_indices[: int(meta.kv_indptr[-1])], meta.custom_mask, meta.mask_indptr,
-        layer.scaling, k_scale=K_SCALE, v_scale=V_SCALE,
-    ).view(q.shape[0], -1)  # fmt: skip
+    metadata = VerifyMetadata.build(
+        meta.qo_indptr,
+        meta.kv_indptr,
+        meta.kv_indices[: int(meta.kv_indptr[-1])],
+        meta.custom_mask,
+        meta.mask_indptr,
+        layer.scaling,
+    )
+    return (
+        metadata,
+        q.view(-1, HEADS, QK_DIM),
+        k.view(-1, 1, QK_DIM),
+        v.reshape(-1, 1, V_DIM),
+        pool.get_key_buffer(0),
+        pool.get_value_buffer(0),
+    )
+
+
+def reference_of(backend, batch, q, k, v, layer) -> torch.Tensor:
+    """The float32 reference on the pool's dequantized prefix and the bf16-path draft KV."""
+    args = layer_args(backend, q, k, v, layer)
+    out = verify_attention_reference(*args, k_scale=K_SCALE, v_scale=V_SCALE)
+    return out.view(q.shape[0], -1)
 
 
 def op_of(backend, batch, q, k, v, layer, fp8_numerics: str) -> torch.Tensor:
     """The op itself on the backend's pool and metadata, rounding per ``fp8_numerics``."""
-    meta = backend.forward_metadata
-    pool = backend.token_to_kv_pool
-    return verify_attention(
-        q.view(-1, HEADS, 576), k.view(-1, 1, 576), v.reshape(-1, 1, 512),
-        pool.get_key_buffer(0), pool.get_value_buffer(0), meta.qo_indptr, meta.kv_indptr,
-        meta.kv_indices[: int(meta.kv_indptr[-1])], meta.custom_mask, meta.mask_indptr,
-        layer.scaling, k_scale=K_SCALE, v_scale=V_SCALE, fp8_numerics=fp8_numerics,
-    ).view(q.shape[0], -1)  # fmt: skip
+    args = layer_args(backend, q, k, v, layer)
+    out = verify_attention(*args, k_scale=K_SCALE, v_scale=V_SCALE, fp8_numerics=fp8_numerics)
+    return out.view(q.shape[0], -1)
 
 
 @pytest.mark.parametrize("fp8_numerics", ["triton", "fp16"])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kdtree_inference.sglang.marshal import MarshalError, VerifyMarshal
+from kdtree_verify import VerifyInputError
 
 
 def metadata(**overrides):
@@ -55,3 +56,16 @@ def test_refresh_without_a_graph_plan_is_an_error():
     md = metadata()
     with pytest.raises(KeyError, match="no graph plan for batch 2 x 8 tokens"):
         marshal.refresh(2, 8, md.qo_indptr, md.kv_indptr, None)
+
+
+def test_kernel_metadata_is_built_once_per_forward_and_scale():
+    """Every layer of a forward shares one validated VerifyMetadata per softmax scale."""
+    inputs = VerifyMarshal(torch.device("cpu"), 16, torch.float32).build(metadata())
+    first = inputs.kernel_metadata(0.1352)
+    assert inputs.kernel_metadata(0.1352) is first
+    assert first.qo_indptr is inputs.qo_indptr and first.kv_indices is inputs.kv_indices
+    assert first.mask_indptr is inputs.mask_indptr and first.plan is None
+    other = inputs.kernel_metadata(0.5)
+    assert other is not first and other.sm_scale == 0.5
+    with pytest.raises(VerifyInputError, match="sm_scale: must be a positive number"):
+        inputs.kernel_metadata(0.0)

@@ -76,5 +76,5 @@ def test_reference_and_cpu_op_match_sglang_extend_attention(spec):
     reference = verify_attention_reference(*case.args())
     torch.testing.assert_close(reference, expected, atol=2e-5, rtol=2e-5)
     for chunk_size in (1, 16, 64):  # many partials, a few, one: the merge must not care
-        op_out = verify_attention(*case.args(), chunk_size=chunk_size)
+        op_out = verify_attention(*case.args(chunk_size=chunk_size))
         torch.testing.assert_close(op_out, expected, atol=2e-5, rtol=2e-5)

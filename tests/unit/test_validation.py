@@ -5,19 +5,30 @@ import re
 import pytest
 import torch
 
-from kdtree_verify import VerifyInputError, verify_attention, verify_attention_reference
+from kdtree_verify import (
+    VerifyInputError,
+    VerifyMetadata,
+    verify_attention,
+    verify_attention_reference,
+)
 from kdtree_verify.testing import make_case
+
+METADATA_NAMES = ("qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "mask_indptr", "sm_scale")
+LAYER_NAMES = ("q", "k_extend", "v_extend", "k_buffer", "v_buffer")
 
 
 def _args(**overrides):
+    """Every argument of a call by name (the metadata's and the layer's), with ``overrides``."""
     case = make_case([4, 0, 6], 3, 2, mask="tree", seed=0)
-    names = [
-        "q", "k_extend", "v_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
-        "kv_indices", "custom_mask", "mask_indptr", "sm_scale",
-    ]  # fmt: skip
-    args = dict(zip(names, case.args(), strict=True))
+    args = {name: getattr(case, name) for name in METADATA_NAMES + LAYER_NAMES}
     args.update(overrides)
     return args, case
+
+
+def _call(entry, args):
+    """``entry`` on the metadata built from ``args``, then the layer's arguments."""
+    metadata = VerifyMetadata.build(**{name: args[name] for name in METADATA_NAMES})
+    return entry(metadata, **{name: v for name, v in args.items() if name not in METADATA_NAMES})
 
 
 def _t(**kw):
@@ -76,7 +87,7 @@ def test_bad_input_is_refused_with_a_message_naming_it(entry, build, message):
     _, case = _args()
     args, _ = _args(**build(case))
     with pytest.raises(VerifyInputError, match=message):
-        entry(**args)
+        _call(entry, args)
 
 
 def test_device_mismatch_is_named():
@@ -86,7 +97,7 @@ def test_device_mismatch_is_named():
     with pytest.raises(
         VerifyInputError, match=re.escape("custom_mask: is on meta but q is on cpu")
     ):
-        verify_attention(**args)
+        _call(verify_attention, args)
 
 
 def test_error_is_a_value_error_so_callers_can_fall_back():
@@ -99,13 +110,13 @@ def test_a_larger_mask_buffer_than_needed_is_accepted():
     args["custom_mask"] = torch.cat(
         [case.custom_mask, torch.zeros(100, dtype=case.custom_mask.dtype)]
     )
-    torch.testing.assert_close(verify_attention(**args), verify_attention(*case.args()))
+    torch.testing.assert_close(_call(verify_attention, args), verify_attention(*case.args()))
 
 
 def test_chunk_size_must_be_positive():
     _, case = _args()
     with pytest.raises(ValueError, match="chunk_size: must be >= 1"):
-        verify_attention(*case.args(), chunk_size=0)
+        verify_attention(*case.args(chunk_size=0))
 
 
 def test_kv_indices_may_be_a_longer_buffer_than_the_batch_uses():
@@ -115,38 +126,61 @@ def test_kv_indices_may_be_a_longer_buffer_than_the_batch_uses():
     args["kv_indices"] = torch.cat(
         [case.kv_indices, torch.full((50,), 10**6, dtype=case.kv_indices.dtype)]
     )
-    torch.testing.assert_close(verify_attention(**args), verify_attention(*case.args()))
+    torch.testing.assert_close(_call(verify_attention, args), verify_attention(*case.args()))
     torch.testing.assert_close(
-        verify_attention_reference(**args), verify_attention_reference(*case.args())
+        _call(verify_attention_reference, args), verify_attention_reference(*case.args())
     )
 
 
 def test_cuda_path_refuses_strided_indices_and_outputs_elsewhere_by_name():
-    """The CUDA path's own layout rule (kdtree_verify.cuda.check_kernel_layout), on CPU tensors:
-    the kernel reads index and mask tensors by position, and writes out and lse on q's device."""
-    from kdtree_verify.cuda import check_kernel_layout
+    """The CUDA path's own layout rules, on CPU tensors: the kernel reads index and mask tensors
+    by position (``metadata.check_contiguous``), and writes out and lse on q's device
+    (``cuda.check_outputs``)."""
+    from kdtree_verify.cuda import check_outputs
+    from kdtree_verify.metadata import check_contiguous
 
     _, case = _args()
     out = torch.empty(9, 2, 512)
     lse = torch.empty(9, 2)
     strided = torch.arange(20)[::2]
-    check_kernel_layout(case.q, {"kv_indices": case.kv_indices}, {"out": out, "lse": lse})
+    check_contiguous(iter([("kv_indices", case.kv_indices)]))
+    check_outputs(case.q, {"out": out, "lse": lse})
     with pytest.raises(VerifyInputError, match=r"kv_indices: the CUDA kernel reads it by position"):
-        check_kernel_layout(case.q, {"kv_indices": strided}, {"out": out})
+        check_contiguous(iter([("kv_indices", strided)]))
     with pytest.raises(VerifyInputError, match=r"custom_mask: .* strides \(2,\)"):
-        check_kernel_layout(case.q, {"custom_mask": torch.zeros(20, dtype=torch.uint8)[::2]}, {})
+        check_contiguous(iter([("custom_mask", torch.zeros(20, dtype=torch.uint8)[::2])]))
     with pytest.raises(VerifyInputError, match=re.escape("lse: is on meta but q is on cpu")):
-        check_kernel_layout(case.q, {}, {"out": out, "lse": lse.to("meta")})
+        check_outputs(case.q, {"out": out, "lse": lse.to("meta")})
+
+
+def test_planned_metadata_refuses_strided_indices_and_a_plan_for_another_batch():
+    """Metadata with a plan is the CUDA kernel's: its layout rules are checked once, when built."""
+    from kdtree_verify.plan import make_plan
+
+    _, case = _args()
+    plan = make_plan(3, 2, 9, "meta", target_ctas=132)
+    spaced = torch.zeros(2 * case.kv_indices.numel(), dtype=case.kv_indices.dtype)
+    spaced[::2] = case.kv_indices
+    with pytest.raises(VerifyInputError, match=r"kv_indices: the CUDA kernel reads it by position"):
+        VerifyMetadata.build(
+            case.qo_indptr,
+            case.kv_indptr,
+            spaced[::2],
+            case.custom_mask,
+            case.mask_indptr,
+            case.sm_scale,
+            plan=plan,
+        )
+    with pytest.raises(VerifyInputError, match=r"plan: made for batch 4; the metadata has 3"):
+        case.metadata(plan=make_plan(4, 2, 9, "meta", target_ctas=132))
 
 
 def test_cuda_path_refuses_a_plan_made_for_another_device():
-    """verify_attention_cuda checks the layout before it plans or loads the extension."""
-    from kdtree_verify.cuda import verify_attention_cuda
+    """Building the metadata checks the plan's workspace before anything plans or loads the
+    extension."""
     from kdtree_verify.plan import make_plan
 
     case = make_case([4, 0, 6], 3, 2, mask="tree", seed=0, dtype=torch.bfloat16)
     plan = make_plan(3, 2, 9, "meta", target_ctas=132)
-    out = torch.empty(9, 2, 512, dtype=torch.bfloat16)
-    lse = torch.empty(9, 2)
     with pytest.raises(VerifyInputError, match=re.escape("plan.workspace: is on meta")):
-        verify_attention_cuda(*case.args(), False, out, lse, plan=plan)
+        case.metadata(plan=plan)

@@ -132,9 +132,15 @@ def run_case(case: CorrectnessCase, device: torch.device, seed: int = 0) -> dict
     started = time.perf_counter()
     try:
         built = make_case(
-            list(case.prefix_lens), case.num_draft, case.num_heads, mask=case.mask,
-            dtype=torch.bfloat16, device=device, seed=seed, **options,
-        )  # fmt: skip
+            list(case.prefix_lens),
+            case.num_draft,
+            case.num_heads,
+            mask=case.mask,
+            dtype=torch.bfloat16,
+            device=device,
+            seed=seed,
+            **options,
+        )
         out, lse = verify_attention(*built.args(), return_lse=True, **built.scales())
         torch.cuda.synchronize(device)
         assert_matches_reference(out, lse, built.args(), case.name, **built.scales())
@@ -170,9 +176,13 @@ def bench_shape(
     from kdtree_verify.testing import make_case, sglang_extend_attention
 
     case = make_case(
-        [shape.prefix] * shape.batch, shape.draft, shape.heads,
-        dtype=torch.bfloat16, device=device, seed=1,
-    )  # fmt: skip
+        [shape.prefix] * shape.batch,
+        shape.draft,
+        shape.heads,
+        dtype=torch.bfloat16,
+        device=device,
+        seed=1,
+    )
     args = case.args()
     record: dict[str, Any] = {"shape": shape.name, **shape.__dict__}
     record["kdtree"] = time_cuda(lambda: verify_attention(*args), warmup, repeats)

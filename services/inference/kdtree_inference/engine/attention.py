@@ -100,13 +100,20 @@ class AttentionBackend:
         for observer in self.observers:
             observer(
                 dict(
-                    q=q, k_extend=k_extend, v_extend=v_extend, k_buffer=k_buffer,
-                    v_buffer=v_buffer, qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr,
-                    kv_indices=meta.kv_indices, custom_mask=meta.custom_mask,
-                    mask_indptr=meta.mask_indptr, out_cache_loc=meta.out_cache_loc,
+                    q=q,
+                    k_extend=k_extend,
+                    v_extend=v_extend,
+                    k_buffer=k_buffer,
+                    v_buffer=v_buffer,
+                    qo_indptr=meta.qo_indptr,
+                    kv_indptr=meta.kv_indptr,
+                    kv_indices=meta.kv_indices,
+                    custom_mask=meta.custom_mask,
+                    mask_indptr=meta.mask_indptr,
+                    out_cache_loc=meta.out_cache_loc,
                     sm_scale=sm_scale,
                 )
-            )  # fmt: skip
+            )
         return self._fn(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
 
 
@@ -123,11 +130,18 @@ def _load_backend(name: str, device: str) -> AttentionFn:
 
 
 def _kdtree_call(fn: Callable[..., torch.Tensor]) -> AttentionFn:
+    from kdtree_verify import VerifyMetadata
+
     def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
-        return fn(
-            q, k_extend, v_extend, k_buffer, v_buffer, meta.qo_indptr, meta.kv_indptr,
-            meta.kv_indices, meta.custom_mask, meta.mask_indptr, sm_scale,
-        )  # fmt: skip
+        metadata = VerifyMetadata.build(
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.custom_mask,
+            meta.mask_indptr,
+            sm_scale,
+        )
+        return fn(metadata, q, k_extend, v_extend, k_buffer, v_buffer)
 
     return call
 
@@ -144,10 +158,24 @@ def _load_triton(device: str) -> AttentionFn:
         out = torch.empty(*q.shape[:2], KV_LORA_RANK, dtype=q.dtype, device=q.device)
         # The arguments TritonAttnBackend.forward_extend passes for a target-verify forward.
         extend_attention_fwd(
-            q, k_extend.contiguous(), v_extend.contiguous(), out, k_buffer, v_buffer,
-            meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask, True,
-            meta.mask_indptr, meta.max_extend_len, 1.0, 1.0, sm_scale=sm_scale, page_size=1,
-        )  # fmt: skip
+            q,
+            k_extend.contiguous(),
+            v_extend.contiguous(),
+            out,
+            k_buffer,
+            v_buffer,
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.custom_mask,
+            True,
+            meta.mask_indptr,
+            meta.max_extend_len,
+            1.0,
+            1.0,
+            sm_scale=sm_scale,
+            page_size=1,
+        )
         return out
 
     return call

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from kdtree_verify import QK_DIM, ROPE_DIM, V_DIM
+
 from ..faults import Fault
 
 # The MLA geometry is DeepSeek-V3's and is fixed: the verify op is specialised to it.
-KV_LORA_RANK = 512  # latent (compressed KV) width = v head dim seen by attention
-QK_ROPE_HEAD_DIM = 64  # decoupled rope part of every key and query
-QK_HEAD_DIM_ABSORBED = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
+KV_LORA_RANK = V_DIM  # latent (compressed KV) width = v head dim seen by attention
+QK_ROPE_HEAD_DIM = ROPE_DIM  # decoupled rope part of every key and query
+QK_HEAD_DIM_ABSORBED = QK_DIM  # latent + rope
 
 ATTENTION_BACKENDS = ("reference", "op", "triton", "validate")
 KDTREE_VERIFY_MODES = ("off", "validate", "on")

@@ -38,7 +38,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from kdtree_verify import VerifyInputError
+from kdtree_verify import QK_DIM, V_DIM, VerifyInputError
 from kdtree_verify.validation import FP8_KV_DTYPE
 
 from ..faults import banner, scaled_softmax
@@ -56,8 +56,6 @@ logger = logging.getLogger("kdtree.verify")
 # --enable-torch-compile the kernel call and the host-side bookkeeping stay out of the trace.
 _verify_layer = torch.compiler.disable(verify_with_inputs)
 
-QK_HEAD_DIM = 576
-V_HEAD_DIM = 512
 KERNEL_ROUTE = "kernel"
 # dtypes the kernel computes in, per device type (the CPU op also runs float32, which is what the
 # CPU tests compare against SGLang's interpreted Triton kernel).
@@ -327,8 +325,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
     def _kdtree_layer_reason(self, dtype: torch.dtype, layer: Any) -> str | None:
         if not (
             self.use_mla
-            and layer.qk_head_dim == QK_HEAD_DIM
-            and layer.v_head_dim == V_HEAD_DIM
+            and layer.qk_head_dim == QK_DIM
+            and layer.v_head_dim == V_DIM
             and layer.tp_k_head_num == 1
         ):
             return "non_mla"
@@ -386,9 +384,9 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         scaled = layer.k_scale is not None and layer.v_scale is not None
         out = _verify_layer(
             self._kdtree_inputs(),
-            q.view(-1, layer.tp_q_head_num, QK_HEAD_DIM),
-            k.view(-1, 1, QK_HEAD_DIM),
-            v.view(-1, 1, V_HEAD_DIM),
+            q.view(-1, layer.tp_q_head_num, QK_DIM),
+            k.view(-1, 1, QK_DIM),
+            v.view(-1, 1, V_DIM),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             scaled_softmax(self.kdtree_fault, layer.scaling),

@@ -32,7 +32,10 @@ def device_arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def _smoke_inputs(device: torch.device) -> tuple:
+def _smoke_args(device: torch.device) -> tuple:
+    """``verify_attention``'s positional arguments: the metadata, then the layer's tensors."""
+    from kdtree_verify import QK_DIM, V_DIM, VerifyMetadata
+
     generator = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16
     pool = _SMOKE_PREFIX + _SMOKE_DRAFT
@@ -41,24 +44,20 @@ def _smoke_inputs(device: torch.device) -> tuple:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 
-    k_buffer = rand(pool, 1, 576)
-    q = rand(total, _SMOKE_HEADS, 576)
+    k_buffer = rand(pool, 1, QK_DIM)
+    q = rand(total, _SMOKE_HEADS, QK_DIM)
     k_extend = k_buffer[_SMOKE_PREFIX:].clone()
-    v_extend = k_extend[..., :512]
+    v_extend = k_extend[..., :V_DIM]
     index = {"dtype": torch.int64, "device": device}
-    return (
-        q,
-        k_extend,
-        v_extend,
-        k_buffer,
-        k_buffer[..., :512],
+    metadata = VerifyMetadata.build(
         torch.tensor([0, total], **index),
         torch.tensor([0, _SMOKE_PREFIX], **index),
         torch.arange(_SMOKE_PREFIX, **index),
         None,
         None,
-        576**-0.5,
+        QK_DIM**-0.5,
     )
+    return metadata, q, k_extend, v_extend, k_buffer, k_buffer[..., :V_DIM]
 
 
 def cuda_extension_status(device: torch.device | None = None) -> ExtensionStatus:
@@ -73,7 +72,7 @@ def cuda_extension_status(device: torch.device | None = None) -> ExtensionStatus
         from kdtree_verify import verify_attention, verify_attention_reference
     except ImportError as error:
         return ExtensionStatus(False, f"the kdtree_verify package does not import: {error}")
-    args = _smoke_inputs(device)
+    args = _smoke_args(device)
     try:
         out = verify_attention(*args)
         torch.cuda.synchronize(device)

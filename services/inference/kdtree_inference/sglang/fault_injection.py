@@ -36,10 +36,13 @@ def faulty_inputs(inputs: VerifyInputs, fault: Fault | None, phase: str) -> Veri
     layout = apply_to_layout(
         fault,
         VerifyLayout(
-            inputs.qo_indptr, inputs.kv_indptr, inputs.kv_indices, inputs.custom_mask,
+            inputs.qo_indptr,
+            inputs.kv_indptr,
+            inputs.kv_indices,
+            inputs.custom_mask,
             inputs.mask_indptr,
         ),
-    )  # fmt: skip
+    )
     if inputs.plan is not None:
         inputs.plan.update(layout.qo_indptr, layout.kv_indptr, layout.mask_indptr)
     return dataclasses.replace(

@@ -19,15 +19,18 @@ are sized for the maximum context); the op reads only up to ``kv_indptr[-1]`` on
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from kdtree_verify import VerifyMetadata
+from kdtree_verify.plan import VerifyPlan, make_plan
+
 
 @dataclass(frozen=True)
 class VerifyInputs:
-    """The metadata arguments of the verify kernel for one verify forward."""
+    """SGLang's metadata of one verify forward, as the kernel's metadata arguments."""
 
     batch_size: int
     total_tokens: int
@@ -36,7 +39,29 @@ class VerifyInputs:
     kv_indices: torch.Tensor
     custom_mask: torch.Tensor | None
     mask_indptr: torch.Tensor | None
-    plan: Any | None = None  # kdtree_verify.plan.VerifyPlan on CUDA
+    plan: VerifyPlan | None = None  # on CUDA
+    # sm_scale -> the forward's VerifyMetadata: built and validated by the first layer of each
+    # scale (SGLang hands the scale to every layer call, not to the forward's metadata).
+    _kernel: dict[float, VerifyMetadata] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def kernel_metadata(self, sm_scale: float) -> VerifyMetadata:
+        """The kernel's metadata for layers of softmax scale ``sm_scale`` (one build per forward
+        and scale; host work only, so it may run under CUDA-graph capture)."""
+        metadata = self._kernel.get(sm_scale)
+        if metadata is None:
+            metadata = VerifyMetadata.build(
+                self.qo_indptr,
+                self.kv_indptr,
+                self.kv_indices,
+                self.custom_mask,
+                self.mask_indptr,
+                sm_scale,
+                plan=self.plan,
+            )
+            self._kernel[sm_scale] = metadata
+        return metadata
 
 
 class MarshalError(ValueError):
@@ -60,10 +85,10 @@ class VerifyMarshal:
         self.num_heads = num_heads
         self.dtype = dtype
         self.eager_plans = eager_plans
-        self._graph_plans: dict[tuple[int, int], Any] = {}
-        self._eager_plans: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._graph_plans: dict[tuple[int, int], VerifyPlan] = {}
+        self._eager_plans: OrderedDict[tuple[int, int], VerifyPlan] = OrderedDict()
 
-    def _plan(self, batch_size: int, total_tokens: int, for_graph: bool) -> Any | None:
+    def _plan(self, batch_size: int, total_tokens: int, for_graph: bool) -> VerifyPlan | None:
         if self.device.type != "cuda":
             return None
         key = (batch_size, total_tokens)
@@ -72,8 +97,6 @@ class VerifyMarshal:
             return plan
         plan = self._eager_plans.pop(key, None)
         if plan is None:
-            from kdtree_verify.plan import make_plan
-
             plan = make_plan(
                 batch_size, self.num_heads, total_tokens, self.device, dtype=self.dtype
             )

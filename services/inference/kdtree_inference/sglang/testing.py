@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
+from kdtree_verify import QK_DIM, V_DIM
 from kdtree_verify.testing import chain_parents, random_tree_parents, tree_visibility
-
-QK_DIM, V_DIM = 576, 512
 
 
 @contextlib.contextmanager
