@@ -38,9 +38,9 @@ margins: setup
 
 # ---- containers and promotion (docs/operations.md). Docker with the compose plugin and the
 # NVIDIA Container Toolkit on a GPU host (the demo profile needs neither GPU nor toolkit);
-# promotion logic is stdlib-only Python.
+# promotion runs from the venv (`make setup`), where kdtree-parity and its pydantic are installed.
 COMPOSE ?= docker compose
-PROMOTE := PYTHONPATH=services/parity python3 -m kdtree_parity.promote
+PROMOTE := $(PY) -m kdtree_parity.promote
 PROMOTE_ARGS ?=
 REPORTS_DIR ?= $(or $(KDTREE_REPORTS_DIR),$(CURDIR)/runs/reports)
 # The sidecar writes reports into REPORTS_DIR as the invoking user.

@@ -276,13 +276,23 @@ def test_dockerignore_keeps_the_context_small_but_complete() -> None:
             assert source.rstrip("/") not in ignored
 
 
-def test_promotion_cli_needs_only_the_standard_library() -> None:
-    """The Makefile runs it with the host's python3 and no venv: no third-party import allowed."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "services" / "parity")}
+def test_make_runs_the_promotion_cli_from_the_venv() -> None:
+    """promote reads the gate's report through its pydantic schema: the Makefile runs it with the
+    venv's Python, where kdtree-parity and its dependencies are installed."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    for verb in ("promote", "rollback"):
+        dry = subprocess.run(  # -n: print the recipe, run nothing
+            ["make", "--no-print-directory", "-n", verb],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert f"/bin/python -m kdtree_parity.promote {verb}" in dry.stdout, dry.stdout
     result = subprocess.run(
-        [sys.executable, "-S", "-m", "kdtree_parity.promote", "promote", "--help"],
+        [sys.executable, "-m", "kdtree_parity.promote", "promote", "--help"],
         cwd=ROOT,
-        env=env,
         capture_output=True,
         text=True,
     )
@@ -329,6 +339,10 @@ def test_parity_gate_workflow_gates_on_a_gpu_runner_and_keeps_the_report() -> No
     steps = job["steps"]
     gate = next(s for s in steps if "kdtree_parity.promote gate" in s.get("run", ""))
     assert "continue-on-error" not in gate and "|| true" not in gate["run"]
+    # The CLI runs from a venv holding the parity package, installed by an earlier step.
+    before = [s.get("run", "") for s in steps[: steps.index(gate)]]
+    assert any('bin/pip" install --quiet ./services/parity' in run for run in before)
+    assert gate["run"].startswith('"$RUNNER_TEMP/promote/bin/python" -m kdtree_parity.promote')
     after = steps[steps.index(gate) + 1 :]
     upload = next(s for s in after if s.get("uses", "").startswith("actions/upload-artifact@"))
     summary = next(s for s in after if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
