@@ -407,7 +407,7 @@ async def health(state: State) -> dict[str, Any]:
 
 
 @router.get("/metrics")
-async def metrics(state: State) -> Response:
+async def prometheus_metrics(state: State) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
