@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from kdtree_parity.corpus import load_corpus
 from kdtree_parity.runner import Targets
 from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app, load_pairs
+from kdtree_parity.settings import ENV_PREFIX, ParitySettings
 
 TOKEN = "s3cret-token"
 
@@ -92,9 +93,18 @@ def test_without_a_configured_token_mutations_are_disabled(tmp_path: Path) -> No
         assert "kdtree_parity_runs_running" in c.get("/metrics").text
 
 
-def test_settings_from_env_and_pairs_file(tmp_path: Path) -> None:
+def from_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> ServiceSettings:
+    """The service's settings from exactly ``env`` (no other KDTREE_PARITY_* variable)."""
+    for name in ParitySettings.model_fields:
+        monkeypatch.delenv(ENV_PREFIX + name.upper(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return ServiceSettings.from_settings(ParitySettings())
+
+
+def test_settings_from_env_and_pairs_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"KDTREE_PARITY_TOKEN": "t", "KDTREE_PARITY_BASELINE_URL": "http://b:1"}
-    s = ServiceSettings.from_env(env)
+    s = from_env(monkeypatch, env)
     assert s.token == "t" and s.pairs["default"].baseline == "http://b:1"
     assert s.pairs["default"].candidate == "http://127.0.0.1:30001"  # the documented default
     pairs = tmp_path / "pairs.yaml"
@@ -102,7 +112,7 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path) -> None:
         "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
         "  candidate_image: sha256:c\n"
     )
-    s = ServiceSettings.from_env({"KDTREE_PARITY_PAIRS": str(pairs)})
+    s = from_env(monkeypatch, {"KDTREE_PARITY_PAIRS": str(pairs)})
     assert s.pairs == {
         "gpu0": Targets("http://a:1", "http://c:1", "http://r:1", candidate_image="sha256:c")
     }
@@ -141,3 +151,29 @@ def test_a_configured_corpus_edited_after_start_is_refused_with_409(tmp_path: Pa
         resp = c.post("/runs", json={}, headers=auth)
         assert resp.status_code == 409 and "no longer loads" in resp.json()["detail"]
         assert c.get("/runs").json() == []
+
+
+def test_request_fields_must_be_strings_and_the_scheme_is_case_insensitive(
+    client: TestClient,
+) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    resp = client.post("/runs", json={"corpus": None}, headers=auth)
+    assert resp.status_code == 400
+    assert resp.json()["detail"] == "'corpus' must be a string (a name), not None"
+    resp = client.post("/runs", json={"pair": 7}, headers=auth)
+    assert resp.json()["detail"] == "'pair' must be a string (a name), not 7"
+    resp = client.post("/runs", json={"colour": "red", "url": "x"}, headers=auth)
+    assert resp.status_code == 400 and "targets come from the service" in resp.json()["detail"]
+    resp = client.post(
+        "/runs", json={"pair": "other"}, headers={"Authorization": f"bearer {TOKEN}"}
+    )
+    assert resp.status_code == 404  # authorized: the pair is what is wrong
+    deep = b'{"pair": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    resp = client.post("/runs", content=deep, headers=auth)
+    assert (
+        resp.status_code == 400 and resp.json()["detail"] == "the request body is nested too deeply"
+    )
+    resp = client.post("/runs", content=b"{not json", headers=auth)
+    assert resp.json()["detail"] == "the request body must be a JSON object"
+    assert client.post("/runs", content=b"{not json").status_code == 401  # the token comes first
+    assert client.get("/runs").json() == []

@@ -23,9 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kdtree_parity.client import url_problem
-from kdtree_parity.config import env_default
-from kdtree_parity.corpus import CorpusError, load_corpus
+from kdtree_parity.exit_codes import ExitCode
 from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
 from kdtree_parity.report import build_report, render_with_resolution
 from kdtree_parity.report import write_report_files as write_reports
@@ -35,31 +33,41 @@ from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import (
     IdentityChanged,
     ProgressCallback,
+    RunRefused,
     Targets,
-    corpus_too_small,
     execute_run,
+    prepare_run,
     start_run,
 )
-from kdtree_parity.store import LeaseLost, RunRecord, Store, StoreError
+from kdtree_parity.settings import ParitySettings, SettingsError, load_settings
+from kdtree_parity.store import LeaseLost, RunRecord, RunStatus, Store, StoreError
 
-EXIT = {"passed": 0, "failed": 1, "error": 2, "interrupted": 2, "running": 2}
+EXIT: dict[RunStatus, ExitCode] = {
+    "passed": ExitCode.PASSED,
+    "failed": ExitCode.FAILED,
+    "error": ExitCode.ERROR,
+    "interrupted": ExitCode.ERROR,
+    "running": ExitCode.ERROR,
+}
 console = Console(stderr=True, soft_wrap=True)  # progress, logs, errors
 results = Console(soft_wrap=True)  # the verdict and where the report is: what a script reads
 # Before a replay, --out must take a real write of PROBE_BYTES (flushed to the device) and then
 # still have MIN_FREE_BYTES free: the reports of a 200-prompt run are a few MB.
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 32 << 20
-# What a new run is made of; a resume takes all of it from the stored run instead.
-NEW_RUN_FLAGS = {"baseline": "BASELINE_URL", "candidate": "CANDIDATE_URL",
-                 "replica": "REPLICA_URL", "floor": "FLOOR_URL", "corpus": "CORPUS",
-                 "policy": "POLICY", "out": "OUT"}  # fmt: skip
+# What a new run is made of (flag -> setting); a resume takes all of it from the stored run.
+NEW_RUN_FLAGS = {"baseline": "baseline_url", "candidate": "candidate_url",
+                 "replica": "replica_url", "floor": "floor_url", "corpus": "corpus",
+                 "policy": "policy", "out": "out"}  # fmt: skip
 
 
-def _add_db(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default=env_default("DB"), help="SQLite file (env KDTREE_PARITY_DB)")
+def _add_db(p: argparse.ArgumentParser, settings: ParitySettings) -> None:
+    p.add_argument("--db", default=settings.db, help="SQLite file (env KDTREE_PARITY_DB)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentParser:
+    """The CLI; its defaults come from ``settings`` (by default: the environment's)."""
+    settings = load_settings() if settings is None else settings
     parser = argparse.ArgumentParser(
         prog="kdtree-parity",
         description="Replay a corpus against a baseline and a candidate inference server, compare "
@@ -67,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    # The flags of NEW_RUN_FLAGS default to None here and to KDTREE_PARITY_* in _run, so that a
+    # The flags of NEW_RUN_FLAGS default to None here and to the settings in _run, so that a
     # --resume can tell a flag given beside it (refused) from the environment (ignored).
     run = sub.add_parser("run", help="run the gate (exit 0 pass, 1 fail, 2 could not decide)")
     run.add_argument("--baseline", help="baseline URL (env KDTREE_PARITY_BASELINE_URL)")
@@ -85,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     for role in ("baseline", "candidate", "replica", "floor"):
         run.add_argument(
             f"--{role}-image",
-            default=env_default(f"{role.upper()}_IMAGE"),
+            default=getattr(settings, f"{role}_image"),
             help=f"{role} image digest or reference, recorded in the report",
         )
     run.add_argument("--corpus", help="JSONL path or default|short")
@@ -107,20 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resolution", default=None,
                      help="resolution table (bench/parity_resolution.py's resolution.json) to "
                      "print in the HTML and Markdown reports")  # fmt: skip
-    _add_db(run)
+    _add_db(run, settings)
+    run.set_defaults(settings=settings)
 
     report = sub.add_parser("report", help="render a stored run's report")
     report.add_argument("run_id")
     report.add_argument("--format", choices=("md", "json", "html", "files"), default="md",
                         help="print md/json/html to stdout, or write all three files")  # fmt: skip
-    report.add_argument("--out", default=env_default("OUT"), help="where 'files' writes")
+    report.add_argument("--out", default=settings.out, help="where 'files' writes")
     report.add_argument("--resolution", default=None,
                         help="resolution table to print in the md/html report")  # fmt: skip
-    _add_db(report)
+    _add_db(report, settings)
 
     lst = sub.add_parser("list", help="list stored runs, newest first")
     lst.add_argument("--limit", type=int, default=20)
-    _add_db(lst)
+    _add_db(lst, settings)
 
     sub.add_parser("schema", help="print the JSON Schema of report.json")
 
@@ -135,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="run the HTTP service (configuration from the environment)"
     )
-    serve.add_argument("--host", default=env_default("HOST"))
-    serve.add_argument("--port", type=int, default=int(env_default("PORT")))
+    serve.add_argument("--host", default=settings.host)
+    serve.add_argument("--port", type=int, default=settings.port)
+    serve.set_defaults(settings=settings)
     return parser
 
 
@@ -161,20 +171,9 @@ class _Refusal(Exception):
     """A reason to stop before anything is replayed: one line on stderr, exit 2."""
 
 
-def _lease_s() -> float:
-    value = env_default("LEASE_S")
+def _open_store(db: str, lease_s: float) -> Store:
     try:
-        lease = float(value)
-    except ValueError:
-        raise _Refusal(f"KDTREE_PARITY_LEASE_S={value!r} is not a number") from None
-    if not 1 <= lease <= 3600:
-        raise _Refusal(f"KDTREE_PARITY_LEASE_S must be 1..3600 seconds, got {lease:g}")
-    return lease
-
-
-def _open_store(db: str) -> Store:
-    try:
-        store = Store(db, lease_s=_lease_s())
+        store = Store(db, lease_s=lease_s)
     except (OSError, sqlite3.Error, StoreError) as exc:
         raise _Refusal(f"cannot use the run database {db}: {exc}") from None
     try:
@@ -221,7 +220,7 @@ def _refuse(action: Callable[[], int]) -> int:
         return action()
     except _Refusal as exc:
         console.print(f"[red]{exc}", highlight=False)
-        return 2
+        return ExitCode.ERROR
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -249,28 +248,23 @@ def _run(args: argparse.Namespace) -> int:
                 "stored run's targets, corpus, policy and out dir; start a new run to change them"
             )
     else:
-        for flag, variable in NEW_RUN_FLAGS.items():
+        for flag, setting in NEW_RUN_FLAGS.items():
             if getattr(args, flag) is None:
-                setattr(args, flag, env_default(variable))
+                setattr(args, flag, getattr(args.settings, setting))
     resolution = _resolution(args.resolution)
     if not args.resume:
-        try:
-            corpus = load_corpus(args.corpus)
-            policy = load_policy(args.policy)
-        except (CorpusError, PolicyError) as exc:
-            raise _Refusal(str(exc)) from None
         if not args.baseline or not args.candidate:
             raise _Refusal("--baseline and --candidate are required")
-        for flag, url in (("--baseline", args.baseline), ("--candidate", args.candidate),
-                          ("--replica", args.replica), ("--floor", args.floor)):  # fmt: skip
-            problem = url and url_problem(url)
-            if problem:
-                raise _Refusal(f"{flag}: {problem}")
-        too_small = corpus_too_small(corpus, policy)
-        if too_small:
-            raise _Refusal(too_small)
+        urls = {
+            f"--{role}": getattr(args, role)
+            for role in ("baseline", "candidate", "replica", "floor")
+        }
+        try:
+            prepared = prepare_run(args.corpus, args.policy, urls)
+        except RunRefused as exc:
+            raise _Refusal(exc.problems[0]) from None  # one line: the first problem
         out_dir = _check_out_dir(args.out)
-    store = _open_store(args.db)
+    store = _open_store(args.db, args.settings.lease_s)
     try:
         if args.resume:
             try:
@@ -289,8 +283,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             run_id = start_run(
                 store,
-                corpus,
-                policy,
+                prepared.corpus,
+                prepared.policy,
                 Targets(
                     args.baseline,
                     args.candidate,
@@ -304,8 +298,8 @@ def _run(args: argparse.Namespace) -> int:
                 out_dir=str(out_dir),
             )
             images = _images(args, bool(args.replica))
-            total = len(corpus)
-            console.print(f"run {run_id}: {total} prompts, corpus {corpus.source}")
+            total = len(prepared.corpus)
+            console.print(f"run {run_id}: {total} prompts, corpus {prepared.corpus.source}")
         counts = {"hard": 0, "near_tie": 0, "errors": 0}
         with Progress(
             TextColumn("[bold]replay"),
@@ -411,7 +405,7 @@ def _report(args: argparse.Namespace) -> int:
             report = build_report(store, args.run_id)
         except KeyError:
             console.print(f"[red]no run {args.run_id} in {args.db}")
-            return 2
+            return ExitCode.ERROR
         if args.format == "files":
             try:
                 paths = write_reports(store, args.run_id, Path(args.out), resolution=resolution)
@@ -453,14 +447,14 @@ def _list(args: argparse.Namespace) -> int:
         else:
             for row in [columns, *rows]:
                 print("\t".join(row))
-        return 0
+        return ExitCode.PASSED
     finally:
         store.close()
 
 
 def _cmd_schema(_: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(Report.model_json_schema(), indent=1) + "\n")
-    return 0
+    return ExitCode.PASSED
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
@@ -468,10 +462,10 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         loaded = load_policy(args.show)
     except PolicyError as exc:
         console.print(f"[red]{exc}", highlight=False)
-        return 2
+        return ExitCode.ERROR
     sys.stdout.write(f"# effective policy of {loaded.source} (sha256 {loaded.sha256})\n")
     sys.stdout.write(policy_yaml(loaded.policy))
-    return 0
+    return ExitCode.PASSED
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -480,18 +474,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app
 
     try:
-        app = create_app(ServiceSettings.from_env(os.environ))
+        app = create_app(ServiceSettings.from_settings(args.settings))
     except ConfigurationError as exc:
         console.print(f"[red]kdtree-parity serve: {exc}", highlight=False)
-        return 2
+        return ExitCode.ERROR
     # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
     # too), so a client never reuses a connection the service is closing at that moment.
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_keep_alive=75)
-    return 0
+    return ExitCode.PASSED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        console.print(f"[red]kdtree-parity: {exc}", highlight=False)
+        return ExitCode.ERROR
+    args = build_parser(settings).parse_args(argv)
     handler = {
         "run": _cmd_run,
         "report": _cmd_report,

@@ -15,7 +15,7 @@ import logging
 import re
 import sqlite3
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,11 @@ from kdtree_parity.client import (
     TargetRefused,
     TargetUnavailable,
     build_generate_request,
+    url_problem,
 )
-from kdtree_parity.corpus import Corpus, CorpusEntry, parse_corpus
+from kdtree_parity.corpus import Corpus, CorpusEntry, CorpusError, load_corpus, parse_corpus
 from kdtree_parity.gate import Verdict, decide, summarize
-from kdtree_parity.policy import LoadedPolicy, parse_policy
+from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
 from kdtree_parity.store import VERDICT_TO_STATUS, LeaseLost, RunRecord, Store
@@ -152,6 +153,52 @@ def corpus_too_small(corpus: Corpus, policy: LoadedPolicy) -> str | None:
     if len(corpus) >= need:
         return None
     return f"corpus {corpus.source} has {len(corpus)} prompts; policy {policy.source} needs {need}"
+
+
+class RunRefused(ValueError):
+    """What keeps a run from starting, one problem a line (``problems``)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A corpus and a policy checked against each other and the targets: ready for start_run."""
+
+    corpus: Corpus
+    policy: LoadedPolicy
+
+
+def prepare_run(
+    corpus: str | Corpus, policy: str | LoadedPolicy, urls: Mapping[str, str | None]
+) -> PreparedRun:
+    """Load ``corpus`` and ``policy`` (a spec: path or shipped name; or already loaded) and check
+    that the corpus is large enough for the policy and that every URL (``label: url``; empty ones
+    are skipped) is usable. RunRefused names every problem found, in that order."""
+    problems = []
+    if isinstance(corpus, str):
+        try:
+            corpus = load_corpus(corpus)
+        except CorpusError as exc:
+            problems.append(str(exc))
+    if isinstance(policy, str):
+        try:
+            policy = load_policy(policy)
+        except PolicyError as exc:
+            problems.append(str(exc))
+    loaded = isinstance(corpus, Corpus) and isinstance(policy, LoadedPolicy)
+    if loaded and (too_small := corpus_too_small(corpus, policy)):
+        problems.append(f"{too_small}: such a run could never decide")
+    problems += [
+        f"{label}: {problem}"
+        for label, url in urls.items()
+        if url and (problem := url_problem(url))
+    ]
+    if problems or not loaded:
+        raise RunRefused(problems)
+    return PreparedRun(corpus, policy)
 
 
 def start_run(

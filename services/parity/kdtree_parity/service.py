@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
-import os
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import yaml
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -36,15 +38,23 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kdtree_parity.client import url_problem
-from kdtree_parity.config import env_default
-from kdtree_parity.corpus import BUILTIN_CORPORA, Corpus, CorpusError, load_corpus
-from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy
+from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
+from kdtree_parity.policy import PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import Targets, corpus_too_small, execute_run, start_run
+from kdtree_parity.runner import (
+    PreparedRun,
+    RunRefused,
+    Targets,
+    execute_run,
+    prepare_run,
+    start_run,
+)
+from kdtree_parity.settings import ParitySettings, load_settings
 from kdtree_parity.store import LeaseLost, PairBusy, RunRecord, Store
 from kdtree_parity.yaml_load import load_yaml
 
@@ -52,10 +62,10 @@ log = logging.getLogger("kdtree_parity.service")
 
 # Keys a caller might use to aim the service at its own hosts: refused with an explanation.
 TARGET_KEYS = frozenset({"baseline", "candidate", "replica", "floor", "targets", "url", "urls"})
-REQUEST_KEYS = frozenset({"pair", "corpus"})
-IMAGE_KEYS = ("baseline_image", "candidate_image", "replica_image")
 MAX_BODY_BYTES = 1 << 20  # a run request is a few dozen bytes; anything near this is abuse
 SHOWN_CHARS = 80  # at most this much of a caller's value is quoted back in an error
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _shown(value: object) -> str:
@@ -100,6 +110,57 @@ class ConfigurationError(ValueError):
     """The service's configuration cannot serve a single run: it refuses to start."""
 
 
+class PairTargets(BaseModel):
+    """One entry of the pairs file (``floor``: the A/A' target; ``*_image``: labels)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    baseline: str
+    candidate: str
+    replica: str | None = None
+    floor: str | None = None
+    baseline_image: str | None = None
+    candidate_image: str | None = None
+    replica_image: str | None = None
+    floor_image: str | None = None
+
+    def targets(self) -> Targets:
+        return Targets(**self.model_dump())
+
+
+_PAIRS_FILE = TypeAdapter(Annotated[dict[str, PairTargets], Field(min_length=1)])
+
+
+def load_pairs(path: Path) -> dict[str, Targets]:
+    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, floor: URL?,
+    *_image: label?}`` (``floor``: the A/A' target)."""
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"{path}: cannot read the pairs file: {exc}") from None
+    if isinstance(data, dict):  # YAML keys may be numbers: a pair's name is their text
+        data = {str(name): spec for name, spec in data.items()}
+    try:
+        pairs = _PAIRS_FILE.validate_python(data)
+    except ValidationError as exc:
+        raise ConfigurationError(f"{path}: {_pairs_problem(exc.errors())}") from None
+    return {name: spec.targets() for name, spec in pairs.items()}
+
+
+def _pairs_problem(errors: list[ErrorDetails]) -> str:
+    """The first broken pair's problem, in the words of the pairs file's format."""
+    if any(len(e["loc"]) == 0 for e in errors):
+        return "expected a non-empty mapping of pair name -> targets"
+    name = errors[0]["loc"][0]
+    mine = [e for e in errors if e["loc"][0] == name]
+    if any(e["type"] in ("model_type", "missing") for e in mine):
+        return f"pair {name!r} needs 'baseline' and 'candidate' URLs"
+    unknown = sorted(str(e["loc"][1]) for e in mine if e["type"] == "extra_forbidden")
+    if unknown:
+        return f"pair {name!r} has unknown key(s) {unknown}"
+    return f"pair {name!r} {mine[0]['loc'][1]}: {mine[0]['msg']}"
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     """Everything the service needs, read once at start (``check`` before serving)."""
@@ -113,103 +174,107 @@ class ServiceSettings:
     lease_s: float = 60.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> ServiceSettings:
-        env = dict(environ)
-        pairs_file = env.get("KDTREE_PARITY_PAIRS", "")
-        if pairs_file:
-            pairs = load_pairs(Path(pairs_file))
+    def from_settings(cls, settings: ParitySettings) -> ServiceSettings:
+        """The pairs file when one is configured, else one pair ``default`` from the URLs."""
+        if settings.pairs:
+            pairs = load_pairs(Path(settings.pairs))
         else:
             pairs = {
                 "default": Targets(
-                    env_default("BASELINE_URL", env),
-                    env_default("CANDIDATE_URL", env),
-                    env_default("REPLICA_URL", env) or None,
-                    env_default("BASELINE_IMAGE", env) or None,
-                    env_default("CANDIDATE_IMAGE", env) or None,
-                    env_default("REPLICA_IMAGE", env) or None,
-                    env_default("FLOOR_URL", env) or None,
-                    env_default("FLOOR_IMAGE", env) or None,
+                    settings.baseline_url,
+                    settings.candidate_url,
+                    settings.replica_url or None,
+                    settings.baseline_image or None,
+                    settings.candidate_image or None,
+                    settings.replica_image or None,
+                    settings.floor_url or None,
+                    settings.floor_image or None,
                 )
             }
-        lease = env_default("LEASE_S", env)
-        try:
-            lease_s = float(lease)
-        except ValueError:
-            raise ConfigurationError(f"KDTREE_PARITY_LEASE_S={lease!r} is not a number") from None
         return cls(
-            token=env_default("TOKEN", env),
+            token=settings.token,
             pairs=pairs,
-            corpus=env_default("CORPUS", env),
-            policy=env_default("POLICY", env),
-            db=env_default("DB", env),
-            out=env_default("OUT", env),
-            lease_s=lease_s,
+            corpus=settings.corpus,
+            policy=settings.policy,
+            db=settings.db,
+            out=settings.out,
+            lease_s=settings.lease_s,
         )
 
-    def check(self) -> tuple[Corpus, LoadedPolicy]:
+    def check(self) -> PreparedRun:
         """The configured corpus and policy as they are now; ConfigurationError naming every
         problem a POST /runs would otherwise hit."""
-        problems = []
-        if not 1 <= self.lease_s <= 3600:
-            problems.append(f"the lease must be 1..3600 seconds, got {self.lease_s:g}")
-        corpus = policy = None
-        try:
-            corpus = load_corpus(self.corpus)
-        except CorpusError as exc:
-            problems.append(str(exc))
-        try:
-            policy = load_policy(self.policy)
-        except PolicyError as exc:
-            problems.append(str(exc))
-        if (
-            corpus is not None
-            and policy is not None
-            and (small := corpus_too_small(corpus, policy))
-        ):
-            problems.append(f"{small}: no run could ever decide")
-        for name, targets in self.pairs.items():
-            for role, url in targets.as_roles().items():
-                if problem := url_problem(url):
-                    problems.append(f"pair {name!r} {role}: {problem}")
-        if problems or corpus is None or policy is None:
-            raise ConfigurationError(
-                "the parity service's configuration is unusable:\n" + "\n".join(problems)
-            )
-        return corpus, policy
-
-
-def load_pairs(path: Path) -> dict[str, Targets]:
-    """A YAML mapping ``name: {baseline: URL, candidate: URL, replica: URL?, floor: URL?,
-    *_image: label?}`` (``floor``: the A/A' target)."""
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"{path}: cannot read the pairs file: {exc}") from None
-    if not isinstance(data, dict) or not data:
-        raise ConfigurationError(f"{path}: expected a non-empty mapping of pair name -> targets")
-    pairs = {}
-    for name, spec in data.items():
-        if not isinstance(spec, dict) or not {"baseline", "candidate"} <= set(spec):
-            raise ConfigurationError(f"{path}: pair {name!r} needs 'baseline' and 'candidate' URLs")
-        unknown = set(spec) - {
-            "baseline",
-            "candidate",
-            "replica",
-            "floor",
-            "floor_image",
-            *IMAGE_KEYS,
+        urls = {
+            f"pair {name!r} {role}": url
+            for name, targets in self.pairs.items()
+            for role, url in targets.as_roles().items()
         }
-        if unknown:
-            raise ConfigurationError(f"{path}: pair {name!r} has unknown key(s) {sorted(unknown)}")
-        pairs[str(name)] = Targets(
-            spec["baseline"],
-            spec["candidate"],
-            spec.get("replica"),
-            *(spec.get(key) for key in IMAGE_KEYS),
-            floor=spec.get("floor"),
-            floor_image=spec.get("floor_image"),
+        try:
+            return prepare_run(self.corpus, self.policy, urls)
+        except RunRefused as exc:
+            raise ConfigurationError(
+                "the parity service's configuration is unusable:\n" + "\n".join(exc.problems)
+            ) from None
+
+
+class RunRequest(BaseModel):
+    """The body of ``POST /runs``: which configured pair, and optionally which corpus (the
+    configured one, or a shipped name). Anything else is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pair: str = Field("default", description="a configured pair's name")
+    corpus: str = Field(
+        "", description="a shipped corpus name or the configured corpus (when left out)"
+    )
+
+    def corpus_or(self, configured: str) -> str:
+        """The corpus asked for; the configured one when the field was left out."""
+        return self.corpus if "corpus" in self.model_fields_set else configured
+
+
+def _request_problem(errors: list[ErrorDetails], pairs: list[str]) -> str:
+    """Today's words for what is wrong with a run request, most telling first."""
+    kinds = {e["type"] for e in errors}
+    if "json_invalid" in kinds and any("recursion limit" in e["msg"] for e in errors):
+        return "the request body is nested too deeply"
+    if kinds & {"json_invalid", "model_type"}:
+        return "the request body must be a JSON object"
+    extra = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+    if aimed := sorted(TARGET_KEYS & set(extra)):
+        return (
+            f"refused: {', '.join(aimed)} cannot be set by a caller; targets come from the "
+            f"service configuration (pairs: {', '.join(sorted(pairs))})"
         )
-    return pairs
+    if extra:
+        return f"unknown field(s) {extra}; allowed: {sorted(RunRequest.model_fields)}"
+    key, value = errors[0]["loc"][0], errors[0]["input"]
+    return f"{key!r} must be a string (a name), not {_shown(value)}"
+
+
+class StoreThread:
+    """The handlers' store, used on a thread of its own: SQLite calls block (a write may wait on
+    another process's lock), so they stay off the event loop; and a sqlite3 connection belongs
+    to the thread that opened it, hence one dedicated thread rather than the shared pool."""
+
+    def __init__(self, db: str, lease_s: float) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-store")
+        try:
+            self._store = self._executor.submit(Store, db, lease_s=lease_s).result()
+        except BaseException:
+            self._executor.shutdown()
+            raise
+
+    async def call(
+        self, work: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``work(store, *args, **kwargs)`` on the store's thread."""
+        job = functools.partial(work, self._store, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def close(self) -> None:
+        self._executor.submit(self._store.close).result()
+        self._executor.shutdown()
 
 
 @dataclass
@@ -276,161 +341,178 @@ def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
     }
 
 
-def create_app(settings: ServiceSettings) -> FastAPI:
-    """The service; ``settings`` are fixed for its lifetime and checked here (ConfigurationError).
+@dataclass
+class ServiceState:
+    """What the endpoints share while the service runs (``lifespan`` makes it)."""
 
-    The configured corpus and policy files are hashed now: a run asked for after either file
-    changed (or broke) is refused with 409, naming the change; restart the service to take it.
-    """
-    started_corpus, started_policy = settings.check()
-    live = _Live()
-    metrics = _Metrics()
-    state: dict[str, Store] = {}
+    settings: ServiceSettings
+    started: PreparedRun  # the configured corpus and policy as checked at start
+    store: StoreThread  # the endpoints'
+    run_store: Store  # the runs': they execute on the event loop's thread
+    live: _Live
+    metrics: _Metrics
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Runs another process left running stay as they are: each reads as interrupted only
-        # once its own lease expired (store.py), whoever starts or restarts meanwhile.
-        store = Store(settings.db, lease_s=settings.lease_s)
-        state["store"] = store
+
+def service_state(request: Request) -> ServiceState:
+    return request.state.service
+
+
+State = Annotated[ServiceState, Depends(service_state)]
+bearer = HTTPBearer(auto_error=False, description="KDTREE_PARITY_TOKEN")
+
+
+def require_token(
+    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    """Mutations need the configured token; without one configured they are all refused."""
+    token = state.settings.token
+    if not token:
+        raise HTTPException(
+            403, "mutating endpoints are disabled: the service has no KDTREE_PARITY_TOKEN"
+        )
+    given = "" if credentials is None else credentials.credentials
+    if not secrets.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(
+            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+async def run_request(
+    request: Request, state: State, _: Annotated[None, Depends(require_token)]
+) -> RunRequest:
+    """The body as a RunRequest, read only once the caller is authorized; an empty body asks
+    for the defaults. Refusals are 400s that say what to change."""
+    raw = await request.body()
+    try:
+        return RunRequest.model_validate_json(raw if raw.strip() else b"{}")
+    except ValidationError as exc:
+        problem = _request_problem(exc.errors(), list(state.settings.pairs))
+        raise HTTPException(400, problem) from None
+
+
+async def run_record(run_id: str, state: State) -> RunRecord:
+    try:
+        return await state.store.call(Store.get_run, run_id)
+    except KeyError:
+        raise HTTPException(404, f"no run {_shown(run_id)}") from None
+
+
+Record = Annotated[RunRecord, Depends(run_record)]
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: State) -> dict[str, Any]:
+    return {"status": "ok", "running": len(state.live.tasks), "pairs": sorted(state.settings.pairs)}
+
+
+@router.get("/metrics")
+async def prometheus_metrics(state: State) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post(
+    "/runs",
+    status_code=202,
+    # The body is read by run_request (after the token check); its schema, for the docs:
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"schema": RunRequest.model_json_schema()}}}
+    },
+)
+async def create_run(
+    body: Annotated[RunRequest, Depends(run_request)], state: State
+) -> JSONResponse:
+    settings = state.settings
+    if body.pair not in settings.pairs:
+        raise HTTPException(404, f"no configured pair {_shown(body.pair)}")
+    corpus_spec = body.corpus_or(settings.corpus)
+    if corpus_spec != settings.corpus and corpus_spec not in BUILTIN_CORPORA:
+        raise HTTPException(
+            400, f"corpus must be the configured one or a shipped name {BUILTIN_CORPORA}"
+        )
+    targets = settings.pairs[body.pair]
+    prepared = await run_in_threadpool(_prepare, state, corpus_spec, targets)
+    try:
+        run_id = await state.store.call(
+            start_run,
+            prepared.corpus,
+            prepared.policy,
+            targets,
+            pair=body.pair,
+            out_dir=settings.out,
+            exclusive=True,
+        )
+    except PairBusy as exc:
+        raise HTTPException(409, str(exc)) from None
+    _launch(state, run_id)
+    record = await state.store.call(Store.get_run, run_id)
+    return JSONResponse(_run_json(record, state.live), status_code=202)
+
+
+def _prepare(state: ServiceState, corpus_spec: str, targets: Targets) -> PreparedRun:
+    """The run's corpus and policy as they are now (409 when a configured file changed since
+    the start), checked like the configuration was (400)."""
+    started = state.started
+    corpus = _unchanged(corpus_spec, load_corpus, CorpusError, started.corpus, "corpus")
+    policy = _unchanged(state.settings.policy, load_policy, PolicyError, started.policy, "policy")
+    try:
+        return prepare_run(corpus, policy, targets.as_roles())
+    except RunRefused as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+def _launch(state: ServiceState, run_id: str) -> None:
+    """Execute the recorded run as a task of this process, counted in /metrics."""
+    live, metrics = state.live, state.metrics
+    live.done[run_id] = 0
+    metrics.running.inc()
+
+    def progress(done: int, _total: int, result: PromptResult | None) -> None:
+        live.done[run_id] = done
+        if result is not None:
+            metrics.record(result)
+
+    async def run() -> None:
+        status = "error"
         try:
-            yield
+            outcome = await execute_run(state.run_store, run_id, progress=progress)
+            status = outcome.status
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
+        except LeaseLost:
+            status = "interrupted"  # taken over by another process; logged by the runner
+        except Exception:
+            log.exception("run %s crashed", run_id)
         finally:
-            for task in list(live.tasks.values()):
-                task.cancel()
-            for task in list(live.tasks.values()):
-                with contextlib.suppress(BaseException):
-                    await task
-            store.close()
+            metrics.running.dec()
+            metrics.runs.labels(status).inc()
+            live.tasks.pop(run_id, None)
 
-    app = FastAPI(title="kdtree parity sidecar", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    live.tasks[run_id] = asyncio.create_task(run(), name=f"parity-run-{run_id}")
 
-    def store() -> Store:
-        return state["store"]
 
-    def require_token(request: Request) -> None:
-        if not settings.token:
-            raise HTTPException(
-                403, "mutating endpoints are disabled: the service has no KDTREE_PARITY_TOKEN"
-            )
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            given.strip().encode(), settings.token.encode()
-        ):
-            raise HTTPException(
-                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-            )
+@router.get("/runs")
+async def list_runs(state: State, limit: int = 50) -> list[dict[str, Any]]:
+    records = await state.store.call(Store.list_runs, min(max(limit, 1), 500))
+    return [_run_json(r, state.live) for r in records]
 
-    def get_record(run_id: str) -> RunRecord:
-        try:
-            return store().get_run(run_id)
-        except KeyError:
-            raise HTTPException(404, f"no run {_shown(run_id)}") from None
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "running": len(live.tasks), "pairs": sorted(settings.pairs)}
+@router.get("/runs/{run_id}")
+async def get_run(record: Record, state: State) -> dict[str, Any]:
+    return _run_json(record, state.live)
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/runs", status_code=202)
-    async def create_run(request: Request) -> JSONResponse:
-        require_token(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise HTTPException(400, "the request body must be a JSON object") from None
-        except RecursionError:
-            raise HTTPException(400, "the request body is nested too deeply") from None
-        if not isinstance(body, dict):
-            raise HTTPException(400, "the request body must be a JSON object")
-        aimed = sorted(TARGET_KEYS & set(body))
-        if aimed:
-            raise HTTPException(
-                400,
-                f"refused: {', '.join(aimed)} cannot be set by a caller; targets come from the "
-                f"service configuration (pairs: {', '.join(sorted(settings.pairs))})",
-            )
-        unknown = sorted(set(body) - REQUEST_KEYS)
-        if unknown:
-            raise HTTPException(400, f"unknown field(s) {unknown}; allowed: {sorted(REQUEST_KEYS)}")
-        for key in REQUEST_KEYS & set(body):
-            if not isinstance(body[key], str):
-                raise HTTPException(
-                    400, f"{key!r} must be a string (a name), not {_shown(body[key])}"
-                )
-        pair = body.get("pair", "default")
-        if pair not in settings.pairs:
-            raise HTTPException(404, f"no configured pair {_shown(pair)}")
-        corpus_spec = body.get("corpus", settings.corpus)
-        if corpus_spec != settings.corpus and corpus_spec not in BUILTIN_CORPORA:
-            raise HTTPException(
-                400, f"corpus must be the configured one or a shipped name {BUILTIN_CORPORA}"
-            )
-        corpus = _unchanged(corpus_spec, load_corpus, CorpusError, started_corpus, "corpus")
-        policy = _unchanged(settings.policy, load_policy, PolicyError, started_policy, "policy")
-        too_small = corpus_too_small(corpus, policy)
-        if too_small:
-            raise HTTPException(400, f"{too_small}: such a run could never decide")
-        try:
-            run_id = start_run(
-                store(), corpus, policy, settings.pairs[pair], pair=pair, out_dir=settings.out,
-                exclusive=True,
-            )  # fmt: skip
-        except PairBusy as exc:
-            raise HTTPException(409, str(exc)) from None
-        live.done[run_id] = 0
-        metrics.running.inc()
+@router.get("/runs/{run_id}/report.json")
+async def report_json(record: Record, state: State) -> JSONResponse:
+    report = await state.store.call(build_report, record.id)
+    return JSONResponse(report.model_dump(mode="json"))
 
-        def progress(done: int, _total: int, result: PromptResult | None) -> None:
-            live.done[run_id] = done
-            if result is not None:
-                metrics.record(result)
 
-        async def run() -> None:
-            status = "error"
-            try:
-                outcome = await execute_run(store(), run_id, progress=progress)
-                status = outcome.status
-            except asyncio.CancelledError:
-                status = "interrupted"
-                raise
-            except LeaseLost:
-                status = "interrupted"  # taken over by another process; logged by the runner
-            except Exception:
-                log.exception("run %s crashed", run_id)
-            finally:
-                metrics.running.dec()
-                metrics.runs.labels(status).inc()
-                live.tasks.pop(run_id, None)
-
-        live.tasks[run_id] = asyncio.create_task(run(), name=f"parity-run-{run_id}")
-        return JSONResponse(_run_json(store().get_run(run_id), live), status_code=202)
-
-    @app.get("/runs")
-    async def list_runs(limit: int = 50) -> list[dict[str, Any]]:
-        return [_run_json(r, live) for r in store().list_runs(min(max(limit, 1), 500))]
-
-    @app.get("/runs/{run_id}")
-    async def get_run(run_id: str) -> dict[str, Any]:
-        return _run_json(get_record(run_id), live)
-
-    @app.get("/runs/{run_id}/report.json")
-    async def report_json(run_id: str) -> JSONResponse:
-        get_record(run_id)
-        return JSONResponse(build_report(store(), run_id).model_dump(mode="json"))
-
-    @app.get("/runs/{run_id}/report.html")
-    async def report_html(run_id: str) -> HTMLResponse:
-        get_record(run_id)
-        return HTMLResponse(render_html(build_report(store(), run_id)))
-
-    return app
+@router.get("/runs/{run_id}/report.html")
+async def report_html(record: Record, state: State) -> HTMLResponse:
+    report = await state.store.call(build_report, record.id)
+    return HTMLResponse(await run_in_threadpool(render_html, report))
 
 
 def _unchanged(spec: str, load: Any, error: type[Exception], started: Any, what: str) -> Any:
@@ -453,6 +535,47 @@ def _unchanged(spec: str, load: Any, error: type[Exception], started: Any, what:
     return now
 
 
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, ServiceState]]:
+    """Open the stores; on the way out cancel this process's runs (recorded as interrupted).
+    Runs another process left running stay as they are: each reads as interrupted only once
+    its own lease expired (store.py), whoever starts or restarts meanwhile."""
+    settings: ServiceSettings = app.state.settings
+    run_store = Store(settings.db, lease_s=settings.lease_s)
+    try:
+        store = StoreThread(settings.db, settings.lease_s)
+    except BaseException:
+        run_store.close()
+        raise
+    state = ServiceState(settings, app.state.started, store, run_store, _Live(), _Metrics())
+    try:
+        yield {"service": state}
+    finally:
+        tasks = list(state.live.tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        store.close()
+        run_store.close()
+
+
+def create_app(settings: ServiceSettings) -> FastAPI:
+    """The service; ``settings`` are fixed for its lifetime and checked here (ConfigurationError).
+
+    The configured corpus and policy files are hashed now: a run asked for after either file
+    changed (or broke) is refused with 409, naming the change; restart the service to take it.
+    """
+    started = settings.check()
+    app = FastAPI(title="kdtree parity sidecar", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.started = started
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.include_router(router)
+    return app
+
+
 def app_from_env() -> FastAPI:
     """For ``uvicorn kdtree_parity.service:app_from_env --factory``."""
-    return create_app(ServiceSettings.from_env(os.environ))
+    return create_app(ServiceSettings.from_settings(load_settings()))

@@ -1,0 +1,100 @@
+"""The gate's configuration (``kdtree-parity`` and its service): every ``KDTREE_PARITY_*``
+variable, its default and its meaning. ``kdtree-parity`` flags override them.
+
+README's Configuration table is generated from the field descriptions below.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "KDTREE_PARITY_"
+LEASE_RANGE_S = (1.0, 3600.0)
+
+
+class SettingsError(ValueError):
+    """A ``KDTREE_PARITY_*`` variable holds a value the gate cannot use (one line per variable)."""
+
+
+class ParitySettings(BaseSettings):
+    """Read from the environment once, when a program starts (``load_settings``)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    baseline_url: str = Field("http://127.0.0.1:30000", description="baseline inference server")
+    candidate_url: str = Field("http://127.0.0.1:30001", description="candidate inference server")
+    replica_url: str = Field(
+        "", description="optional second baseline for A/A noise (else the baseline twice)"
+    )
+    floor_url: str = Field(
+        "",
+        description="optional A/A' target: the baseline computed an equivalent, not "
+        "bit-identical way; the candidate is judged by its excess over it",
+    )
+    baseline_image: str = Field(
+        "", description="image digest/reference of the baseline, recorded in the report"
+    )
+    candidate_image: str = Field(
+        "", description="image digest/reference of the candidate, recorded in the report"
+    )
+    replica_image: str = Field(
+        "", description="image digest/reference of the replica, recorded in the report"
+    )
+    floor_image: str = Field(
+        "", description="image digest/reference of the A/A' target, recorded in the report"
+    )
+    corpus: str = Field(
+        "default", description="corpus: a JSONL path or a shipped name (default, short)"
+    )
+    policy: str = Field(
+        "default", description="policy: a YAML path or a shipped name (default, short)"
+    )
+    db: str = Field("runs/parity.sqlite3", description="SQLite database of runs")
+    out: str = Field(
+        "runs/parity", description="reports are written to OUT/RUN_ID/report.{json,html,md}"
+    )
+    lease_s: float = Field(
+        60.0,
+        description="seconds a run stays claimed by its process without a heartbeat "
+        f"({LEASE_RANGE_S[0]:g}..{LEASE_RANGE_S[1]:g})",
+    )
+    token: str = Field(
+        "", description="service: bearer token for POST /runs (unset: mutating endpoints refuse)"
+    )
+    pairs: str = Field(
+        "",
+        description="service: YAML file of named target pairs (else one pair 'default' from "
+        "the URLs)",
+    )
+    host: str = Field("127.0.0.1", description="service: bind address")
+    port: int = Field(8300, description="service: port")
+
+    @field_validator("lease_s")
+    @classmethod
+    def _lease_in_range(cls, lease: float) -> float:
+        low, high = LEASE_RANGE_S
+        if not low <= lease <= high:  # also refuses nan
+            raise ValueError(f"must be {low:g}..{high:g} seconds, got {lease:g}")
+        return lease
+
+
+def load_settings() -> ParitySettings:
+    """The settings from the environment; SettingsError names every variable that is unusable."""
+    try:
+        return ParitySettings()
+    except ValidationError as exc:
+        raise SettingsError("\n".join(_named(error) for error in exc.errors())) from None
+
+
+_EXPECTED = {"float_parsing": "a number", "int_parsing": "an integer"}
+
+
+def _named(error: ErrorDetails) -> str:
+    variable = ENV_PREFIX + str(error["loc"][0]).upper()
+    if error["type"] in _EXPECTED:
+        return f"{variable}={error['input']!r} is not {_EXPECTED[error['type']]}"
+    if error["type"] == "value_error":
+        return f"{variable} {error.get('ctx', {}).get('error', error['msg'])}"
+    return f"{variable}={error['input']!r}: {error['msg']}"
