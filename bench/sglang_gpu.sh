@@ -39,8 +39,12 @@ if [ ! -f "$site/sglang/launch_server.py" ]; then
   mkdir -p "$site" && tar xJf .sglsite/site.tar.xz -C "$site"
 fi
 say "installing kdtree-verify, kdtree-inference, kdtree-parity from this tree"
+# The packages' own pure-Python dependencies that the payload lacks travel as .sglsite/wheels
+# (docs/development.md); without them kdtree-parity and the backend's settings cannot import.
+extra_wheels=(.sglsite/wheels/*.whl)
+[ -e "${extra_wheels[0]}" ] || { say "no .sglsite/wheels: see docs/development.md" >&2; exit 2; }
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" \
-  ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
+  "${extra_wheels[@]}" ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
 # The payload has no FlashInfer, which DFlash's sampling verify needs: bench/without_flashinfer.
 if ! python3 -c 'import flashinfer' 2>/dev/null; then
