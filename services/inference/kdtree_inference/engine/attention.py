@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,20 @@ class ExtendMetadata:
     mask_indptr: torch.Tensor | None  # [B+1] int64
     out_cache_loc: torch.Tensor  # [T_total] int64: pool slots the new tokens' KV is written to
     max_extend_len: int  # host-side max N (SGLang keeps it on the host too)
+    # The kernel API's metadata, per softmax scale: built and validated once per forward.
+    _kernel_metadata: dict[float, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def kernel_metadata(self, sm_scale: float) -> Any:
+        """This forward's ``kdtree_verify.VerifyMetadata`` at ``sm_scale`` (built on first use;
+        every layer of the forward shares it)."""
+        if sm_scale not in self._kernel_metadata:
+            from kdtree_verify import VerifyMetadata
+
+            self._kernel_metadata[sm_scale] = VerifyMetadata.build(
+                self.qo_indptr, self.kv_indptr, self.kv_indices, self.custom_mask,
+                self.mask_indptr, sm_scale,
+            )  # fmt: skip
+        return self._kernel_metadata[sm_scale]
 
 
 # Signature every backend implements: (q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
@@ -130,18 +145,8 @@ def _load_backend(name: str, device: str) -> AttentionFn:
 
 
 def _kdtree_call(fn: Callable[..., torch.Tensor]) -> AttentionFn:
-    from kdtree_verify import VerifyMetadata
-
     def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
-        metadata = VerifyMetadata.build(
-            meta.qo_indptr,
-            meta.kv_indptr,
-            meta.kv_indices,
-            meta.custom_mask,
-            meta.mask_indptr,
-            sm_scale,
-        )
-        return fn(metadata, q, k_extend, v_extend, k_buffer, v_buffer)
+        return fn(meta.kernel_metadata(sm_scale), q, k_extend, v_extend, k_buffer, v_buffer)
 
     return call
 
