@@ -266,9 +266,7 @@ def test_validate_serves_exactly_what_off_serves(pair, generations, record) -> N
     assert len(off) == len(validate) > 0
     assert all(len(g["output_ids"]) > 0 for g in off), "off served an empty generation"
     # Everything served but the wall-clock timing, which no two servers share.
-    differing = [
-        a["id"] for a, b in zip(off, validate, strict=True) if served(a) != served(b)
-    ]
+    differing = [a["id"] for a, b in zip(off, validate, strict=True) if served(a) != served(b)]
     record.setdefault("validate_identical_to_off", {})[pair] = {
         "requests": len(off),
         "differing": differing,
