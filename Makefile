@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # `make kernel`'s build reads the same file.
 CUDA_ARCHS := $(strip $(or $(KDTREE_CUDA_ARCHS),$(file <kernel/kdtree_verify/cuda_archs.txt)))
 
-.PHONY: help setup test lint
+.PHONY: help setup test lint config-table
 
 ## help: list the make targets
 help:
@@ -23,6 +23,10 @@ $(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.t
 ## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
 lint: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+## config-table: regenerate README.md's configuration tables from the settings models' field descriptions
+config-table: setup
+	$(PY) scripts/config_table.py
 
 ## test: lint, then every CPU test (GPU tests in tests/gpu skip without CUDA)
 test: lint

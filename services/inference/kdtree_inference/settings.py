@@ -104,9 +104,10 @@ class InferenceSettings(BaseSettings):
     inject_fault: Annotated[Fault | None, BeforeValidator(_fault)] = Field(
         None,
         description="TEST ONLY: a graded fault (`scale:S`, `kv_drop:P`, `tree_mask:R`; the "
-        "reference engine also `weight:L:S[:N]`), for measuring the parity gate's resolution "
+        "reference engine also `weight:L:S[:SEED]`), for measuring the parity gate's resolution "
         "([docs/parity.md](docs/parity.md#resolution-graded-faults)); the SGLang backend needs "
-        "`KDTREE_VERIFY=on`; logged as a warning at start",
+        "`KDTREE_VERIFY=on`; logged as a warning at start (the engine also shows it in "
+        "`/model_info`); a malformed value is refused (exit 2)",
     )
     sglang_launcher: str | None = Field(
         None,
@@ -115,14 +116,13 @@ class InferenceSettings(BaseSettings):
     )
     engine_weights: str | None = Field(
         None,
-        description="the reference engine's default `--weights-dir`: load model.safetensors from "
-        "this directory instead of seeded weights",
+        description="the reference engine's default `--weights-dir`: the directory with "
+        "`model.safetensors` to serve; unset: seeded weights",
     )
     engine_threads: int = Field(
         1,
         ge=1,
-        description="the reference engine's default `--threads` (torch CPU threads; the model is "
-        "tiny, and a demo runs two servers side by side)",
+        description="the reference engine's default `--threads`: torch CPU threads per server",
     )
 
     @field_validator("*", mode="before")
