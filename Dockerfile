@@ -143,8 +143,10 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 # editable checkout: the extension is built from the installed sources, in the environment that
 # serves it, so the op's loader finds it up to date (same sources, headers and flags) and never
 # recompiles at run time.
+# The arch list comes from kernel/kdtree_verify/cuda_archs.txt: make passes it as this build
+# argument (so the image's label names it); left empty, the build reads that file itself.
 FROM serving AS kernel-build
-ARG KDTREE_CUDA_ARCHS="80;90;120"
+ARG KDTREE_CUDA_ARCHS=
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
     KDTREE_BUILD_DIR=/opt/kdtree/kernel-build \
     VENV=/opt/venv
@@ -171,7 +173,7 @@ ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG SGLANG_VERSION
 ARG TORCH_VERSION
-ARG KDTREE_CUDA_ARCHS="80;90;120"
+ARG KDTREE_CUDA_ARCHS
 ARG CUDA_SOURCE
 COPY services/inference/ /opt/kdtree/services/inference/
 # The op takes a lock in KDTREE_BUILD_DIR when it loads the extension: writable by the runtime user.

@@ -3,8 +3,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The GPU architectures the kernel is built for: the one list, kernel/kdtree_verify/cuda_archs.txt
+# (KDTREE_CUDA_ARCHS overrides it). make hands it to every build: the images' KDTREE_CUDA_ARCHS
+# build argument (through compose's environment and promote's --build-arg) and `make sass`;
+# `make kernel`'s build reads the same file.
+CUDA_ARCHS := $(strip $(or $(KDTREE_CUDA_ARCHS),$(file <kernel/kdtree_verify/cuda_archs.txt)))
 
-.PHONY: help setup test lint
+.PHONY: help setup test lint config-table
 
 ## help: list the make targets
 help:
@@ -18,6 +23,10 @@ $(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.t
 ## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
 lint: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+## config-table: regenerate README.md's configuration tables from the settings models' field descriptions
+config-table: setup
+	$(PY) scripts/config_table.py
 
 ## test: lint, then every CPU test (GPU tests in tests/gpu skip without CUDA)
 test: lint
@@ -40,11 +49,13 @@ margins: setup
 # NVIDIA Container Toolkit on a GPU host (the demo profile needs neither GPU nor toolkit);
 # promotion runs from the venv (`make setup`), where kdtree-parity and its pydantic are installed.
 COMPOSE ?= docker compose
-PROMOTE := $(PY) -m kdtree_parity.promote
+PROMOTE := KDTREE_CUDA_ARCHS="$(CUDA_ARCHS)" $(PY) -m kdtree_parity.promote
 PROMOTE_ARGS ?=
 REPORTS_DIR ?= $(or $(KDTREE_REPORTS_DIR),$(CURDIR)/runs/reports)
 # The sidecar writes reports into REPORTS_DIR as the invoking user.
-GATE_ENV = KDTREE_REPORTS_DIR=$(REPORTS_DIR) KDTREE_PARITY_USER=$$(id -u):$$(id -g)
+GATE_ENV = KDTREE_REPORTS_DIR=$(REPORTS_DIR) KDTREE_PARITY_USER=$$(id -u):$$(id -g) $(BUILD_ENV)
+# What compose passes to the images it builds.
+BUILD_ENV = KDTREE_CUDA_ARCHS="$(CUDA_ARCHS)"
 
 .PHONY: up down serve promote rollback demo-up
 
@@ -65,7 +76,7 @@ down:
 
 ## serve: build kdtree/inference:latest, start one SGLang server in Docker (KDTREE_VERIFY=on)
 serve:
-	$(COMPOSE) build inference-candidate
+	$(BUILD_ENV) $(COMPOSE) build inference-candidate
 	$(COMPOSE) --profile serve up --detach
 
 ## promote: build the candidate (tag = git revision), gate it, tag `stable` and record only on a pass
@@ -86,8 +97,8 @@ PARITY_ARGS ?=
 parity: setup
 	$(VENV)/bin/kdtree-parity run $(PARITY_ARGS)
 
-# ---- the CUDA kernel (docs/kernel.md). Archs from KDTREE_CUDA_ARCHS
-# (default 80;90;120); the build goes to KDTREE_BUILD_DIR (default kernel/build/torch<version>).
+# ---- the CUDA kernel (docs/kernel.md). Archs: CUDA_ARCHS above; the build goes to
+# KDTREE_BUILD_DIR (default kernel/build/torch<version>).
 BENCH_OUT ?= bench/results/local.json
 
 .PHONY: kernel ptxas sass bench
@@ -102,7 +113,7 @@ ptxas: setup
 
 ## sass: instruction mix of the attention kernel's main loop per arch (no GPU needed)
 sass: setup
-	$(PY) -m kdtree_verify._sass --archs "$(or $(KDTREE_CUDA_ARCHS),80;90;120)"
+	$(PY) -m kdtree_verify._sass --archs "$(CUDA_ARCHS)"
 
 ## bench: kernel benchmark on the local GPU vs SGLang's Triton kernels (writes BENCH_OUT; see bench/README.md)
 bench: setup

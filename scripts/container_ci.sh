@@ -199,8 +199,9 @@ INFERENCE_IMAGE_IN_CI=${KDTREE_CI_INFERENCE_IMAGE:-0}
 read -r -a TARGETS <<<"${KDTREE_CI_IMAGES:-parity demo}"
 LOADED=("${TARGETS[@]}")
 [ "$INFERENCE_IMAGE_IN_CI" = 1 ] && TARGETS+=(inference)
+# The kernel's arch list from its one source, as make passes it (the image's label names it).
 declare -A TARGET_ARGS=(
-  [inference]="--build-arg CUDA_SOURCE=pypi"
+  [inference]="--build-arg CUDA_SOURCE=pypi --build-arg KDTREE_CUDA_ARCHS=$(<kernel/kdtree_verify/cuda_archs.txt)"
 )
 
 build_images() {

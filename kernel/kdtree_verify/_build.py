@@ -5,7 +5,8 @@ The pure-Python package installs without nvcc or a GPU; the extension is compile
 keyed by the torch version, so one checkout can serve several environments.
 
 Environment:
-- ``KDTREE_CUDA_ARCHS``: semicolon-separated SM versions to compile for (default ``80;90;120``).
+- ``KDTREE_CUDA_ARCHS``: semicolon-separated SM versions to compile for (unset or empty: the list
+  in ``cuda_archs.txt`` beside this module, the one source of the default).
 - ``KDTREE_BUILD_DIR``: where objects and the module go (default ``<repo>/kernel/build/<tag>`` in
   a checkout; ``$XDG_CACHE_HOME/kdtree-verify/<tag>``, i.e. ``~/.cache/...``, for an installed
   package, whose site-packages may not be writable).
@@ -34,7 +35,8 @@ def _find_csrc() -> tuple[Path, bool]:
 
 
 CSRC_DIR, IN_CHECKOUT = _find_csrc()
-DEFAULT_ARCHS = "80;90;120"
+ARCHS_FILE = PACKAGE_DIR / "cuda_archs.txt"
+DEFAULT_ARCHS = ARCHS_FILE.read_text().strip()
 EXTENSION_NAME = "kdtree_verify_cuda"
 
 _module: ModuleType | None = None
@@ -42,10 +44,10 @@ _module: ModuleType | None = None
 
 def cuda_archs() -> list[str]:
     """SM versions from KDTREE_CUDA_ARCHS, validated (e.g. ``['80', '90', '120']``)."""
-    raw = os.environ.get("KDTREE_CUDA_ARCHS", DEFAULT_ARCHS)
+    raw = os.environ.get("KDTREE_CUDA_ARCHS") or DEFAULT_ARCHS
     archs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
     if not archs or not all(a.isdigit() for a in archs):
-        raise ValueError(f"KDTREE_CUDA_ARCHS: expected e.g. '80;90;120', got {raw!r}")
+        raise ValueError(f"KDTREE_CUDA_ARCHS: expected e.g. {DEFAULT_ARCHS!r}, got {raw!r}")
     return archs
 
 

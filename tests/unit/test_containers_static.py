@@ -194,10 +194,26 @@ def test_kernel_is_built_by_make_kernel_like_everywhere_else() -> None:
     assert recipe and "-m kdtree_verify._build" in recipe.group(1)
     build_module = (ROOT / "kernel" / "kdtree_verify" / "_build.py").read_text()
     assert "KDTREE_BUILD_DIR" in build_module and "KDTREE_BUILD_WITHOUT_GPU" in build_module
-    # The archs the image builds by default are the ones the Makefile builds by default.
-    default_archs = re.search(r'ARG KDTREE_CUDA_ARCHS="([^"]+)"', "\n".join(stages["kernel-build"]))
-    assert default_archs and default_archs.group(1) == "80;90;120"
-    assert "KDTREE_CUDA_ARCHS" in makefile or "KDTREE_CUDA_ARCHS" in _kernel_build_sources()
+    # The archs the image builds by default are the ones the Makefile builds by default: one list,
+    # kernel/kdtree_verify/cuda_archs.txt, that make hands to compose (the image's build argument)
+    # and to promote (its --build-arg), and that _build reads; the Dockerfile and compose.yaml
+    # hold none.
+    archs_file = ROOT / "kernel" / "kdtree_verify" / "cuda_archs.txt"
+    assert archs_file.read_text() == "80;90;120\n"
+    assert "cuda_archs.txt" in makefile and "KDTREE_CUDA_ARCHS" in _kernel_build_sources()
+    assert "ARG KDTREE_CUDA_ARCHS=" in stages["kernel-build"], "the build argument has no default"
+    for path in ("Dockerfile", "compose.yaml"):
+        assert "80;90;120" not in (ROOT / path).read_text(), f"{path} keeps its own arch list"
+    args = yaml.safe_load((ROOT / "compose.yaml").read_text())["x-build-inference"]["args"]
+    assert args["KDTREE_CUDA_ARCHS"] == "${KDTREE_CUDA_ARCHS:-}"
+    for target, command in (
+        ("up", "docker compose up"),
+        ("serve", "docker compose build"),
+        ("promote", "kdtree_parity.promote"),
+    ):
+        recipe = _run("make", "-n", "-s", target, "COMPOSE=docker compose").stdout
+        line = next(line for line in recipe.splitlines() if command in line)
+        assert 'KDTREE_CUDA_ARCHS="80;90;120"' in line, f"make {target}: {line}"
 
 
 def _kernel_build_sources() -> str:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kdtree_inference.exit_codes import ExitCode
+from kdtree_inference.settings import InferenceSettings
 from kdtree_inference.sglang.launcher import (
-    REFUSED,
     flag_values,
     launch_command,
     preflight,
@@ -75,7 +76,7 @@ def test_exit_status_is_sglangs(standin):
 def test_kernel_modes_refuse_without_a_usable_kernel(standin, mode):
     record, launcher = standin
     result = serve(ARGS, launcher, KDTREE_VERIFY=mode)
-    assert result.returncode == REFUSED
+    assert result.returncode == ExitCode.REFUSED
     assert (
         f"refusing to start with KDTREE_VERIFY={mode}: no CUDA device is visible" in result.stderr
     )
@@ -96,7 +97,7 @@ def test_help_reaches_sglang_in_kernel_modes_without_a_kernel(standin, flag):
 def test_other_attention_backends_are_refused(standin):
     record, launcher = standin
     result = serve(["--attention-backend=flashinfer"], launcher, KDTREE_VERIFY="on")
-    assert result.returncode == REFUSED
+    assert result.returncode == ExitCode.REFUSED
     assert "--attention-backend flashinfer: the kdtree kernel replaces SGLang's 'triton'" in (
         result.stderr
     )
@@ -106,7 +107,7 @@ def test_other_attention_backends_are_refused(standin):
 def test_plugin_left_out_by_sglang_plugins_is_refused(standin):
     record, launcher = standin
     result = serve(ARGS, launcher, KDTREE_VERIFY="on", SGLANG_PLUGINS="someone_else")
-    assert result.returncode == REFUSED
+    assert result.returncode == ExitCode.REFUSED
     assert "SGLANG_PLUGINS='someone_else' does not include 'kdtree_verify'" in result.stderr
     assert not record.exists()
 
@@ -114,13 +115,13 @@ def test_plugin_left_out_by_sglang_plugins_is_refused(standin):
 def test_bad_setting_is_refused_by_name(standin):
     record, launcher = standin
     result = serve(ARGS, launcher, KDTREE_VERIFY="maybe")
-    assert result.returncode == REFUSED
+    assert result.returncode == ExitCode.REFUSED
     assert "KDTREE_VERIFY='maybe': expected one of off|validate|on" in result.stderr
     assert not record.exists()
 
 
 def test_default_command_is_sglangs_launch_server():
-    assert launch_command(["--port", "30000"], env={}) == [
+    assert launch_command(["--port", "30000"], InferenceSettings.from_env({})) == [
         sys.executable, "-m", "sglang.launch_server", "--port", "30000",
     ]  # fmt: skip
 

@@ -10,6 +10,6 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    FAILED = 1  # a self-check case failed
+    FAILED = 1  # a self-check case failed, or the engine failed to start
     REFUSED = 2  # bad configuration or arguments: nothing was started
     CANNOT_EXECUTE = 127  # the server program could not be executed (the shell's convention)

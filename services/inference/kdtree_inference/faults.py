@@ -86,12 +86,6 @@ def parse_fault(raw: str | None) -> Fault | None:
     raise FaultSpecError(f"{ENV_VAR}={raw!r}: {_USAGE}")
 
 
-def fault_from_env(env: dict[str, str] | None = None) -> Fault | None:
-    import os
-
-    return parse_fault((os.environ if env is None else env).get(ENV_VAR))
-
-
 def banner(fault: Fault, where: str) -> str:
     """The loud start-up line both sides log."""
     return (

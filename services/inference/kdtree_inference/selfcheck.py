@@ -8,7 +8,8 @@ Triton ``extend_attention_fwd`` on a few DeepSeek-V3 shapes, and writes ``selfch
 ``selfcheck.md`` (device, sm version, pass/fail per case, times per shape) into ``--out``; the
 Markdown also goes to stdout.
 
-Exit status: 0 every case passed, 1 a case failed, 2 refused (no CUDA device; bad arguments).
+Exit status (``ExitCode``): OK every case passed, FAILED a case failed, REFUSED no CUDA device
+or bad arguments.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any, Literal
 
 import torch
 
+from .exit_codes import ExitCode
+
 SCHEMA = "kdtree.selfcheck/v1"
-REFUSED = 2
-FAILED = 1
 DEFAULT_OUT = "kdtree-selfcheck"
 
 
@@ -313,7 +314,7 @@ def _positive(text: str) -> int:
 
 def _refuse(message: str) -> int:
     print(f"kdtree-selfcheck: {message}", file=sys.stderr, flush=True)
-    return REFUSED
+    return ExitCode.REFUSED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -356,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path, md_path = write_reports(report, args.out)
     print(md_path.read_text(), end="")
     print(f"kdtree-selfcheck: wrote {json_path} and {md_path}", file=sys.stderr)
-    return 0 if passed else FAILED
+    return ExitCode.OK if passed else ExitCode.FAILED
 
 
 if __name__ == "__main__":

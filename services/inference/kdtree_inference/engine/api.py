@@ -18,9 +18,9 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,8 +48,22 @@ class ClientGone(Exception):
     """The HTTP client disconnected; its requests were aborted."""
 
 
+class NotReady(Exception):
+    """The engine is starting or failed to start: answered with 503."""
+
+
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+# What an exception that leaves a route is answered with (never an unhandled 500).
+EXCEPTION_RESPONSES: dict[type[Exception], Any] = {
+    ClientGone: lambda _request, _exc: Response(status_code=CLIENT_CLOSED),
+    NotReady: lambda _request, exc: _error(str(exc), 503),
+    EngineStepError: lambda _request, exc: _error(str(exc), 500),
+    # RequestError, or a request larger than the whole KV pool.
+    ValueError: lambda _request, exc: _error(str(exc)),
+}
 
 
 class EngineAPI:
@@ -59,8 +73,10 @@ class EngineAPI:
         self.engine = engine
         self.metrics = metrics
         engine.step_listeners.append(metrics.on_verify_step)
-        self.app = FastAPI(title="kdtree reference engine")
-        self._routes()
+        self.app = FastAPI(title="kdtree reference engine", exception_handlers=EXCEPTION_RESPONSES)
+        self.app.state.api = self
+        self.app.add_middleware(_CountGenerationRequests, api=self)
+        self.app.include_router(router)
 
     # ---- response building ----------------------------------------------------------------
     def _logprob_triples(
@@ -156,169 +172,111 @@ class EngineAPI:
             self._record(req, res)
         return list(results)
 
-    def _not_ready(self) -> JSONResponse | None:
+    def check_ready(self) -> None:
+        """Raise :class:`NotReady` unless the engine serves."""
         if self.engine.failed is not None:
-            return _error(f"engine failed to start: {self.engine.failed}", 503)
+            raise NotReady(f"engine failed to start: {self.engine.failed}")
         if not self.engine.ready.is_set():
-            return _error("engine is starting", 503)
-        return None
+            raise NotReady("engine is starting")
 
-    @staticmethod
-    async def _json_body(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(f"request body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise RequestError("request body is nested too deeply") from None
+    def model_info(self) -> dict[str, Any]:
+        cfg, engine = self.engine.config, self.engine
+        return {
+            "model_path": cfg.model_path,
+            "served_model_name": cfg.model_path,
+            "tokenizer_path": "byte-level",
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "safetensors" if cfg.weights_dir else "seeded",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "deepseek_v3",
+            "architectures": ["DeepseekV3ForCausalLM"],
+            # Not in SGLang: what this reference engine runs, for reports and the sidecar.
+            "kdtree_engine": {
+                "attention_backend": cfg.attention,
+                "device": cfg.device,
+                "dtype": cfg.dtype,
+                # What the weights are: the safetensors file (path and sha256 of its bytes)
+                # or, when seeded, the seed and the sha256 of the seeded model's config.
+                "seed": None if cfg.weights_dir else cfg.model.seed,
+                "weights_path": engine.weights_identity.get("path"),
+                "weights_sha256": engine.weights_identity.get("sha256"),
+                "num_layers": cfg.model.num_layers,
+                "num_heads": cfg.model.num_heads,
+                "hidden_size": cfg.model.hidden_size,
+                "vocab_size": cfg.model.vocab_size,
+                "speculative_num_draft_tokens": cfg.spec.num_draft_tokens,
+                "speculative_topk": cfg.spec.topk,
+                "fault_layer": cfg.fault_layer,
+                "fault_scale": cfg.fault_scale,
+                "injected_fault": (cfg.injected_fault.describe() if cfg.injected_fault else None),
+                "attention_kv_splits": cfg.attention_kv_splits,
+                "decode_step_delay_s": cfg.decode_step_delay_s,
+            },
+        }
 
-    # ---- routes ----------------------------------------------------------------------------
-    def _routes(self) -> None:
-        app, engine = self.app, self.engine
+    def render_metrics(self) -> str:
+        """The Prometheus exposition, with the gauges read now."""
+        engine, attention = self.engine, self.engine.config.attention
+        self.metrics.ready.labels(attention).set(1.0 if engine.ready.is_set() else 0.0)
+        self.metrics.running.labels(attention).set(engine.num_running)
+        if engine.model is not None and attention == "validate":
+            backend = engine.model.attention
+            self.metrics.validate_calls.labels(attention).set(backend.validate_calls)
+            self.metrics.validate_max_abs_diff.labels(attention).set(backend.validate_max_abs_diff)
+        return self.metrics.render()
 
-        app.add_middleware(_CountGenerationRequests, api=self)
+    async def generate(self, body: dict[str, Any], request: Request) -> Response:
+        requests, is_batch, parsed = build_requests(body, self.engine.config, self.engine.tokenizer)
+        with_text = parsed.return_text_in_logprobs
+        if parsed.stream:
+            if is_batch:
+                raise RequestError("stream is supported for single prompts only")
+            return self._stream(requests[0], with_text, request)
+        results = await self.run(requests, request)
+        outputs = [
+            self._output(r, res, with_text) for r, res in zip(requests, results, strict=True)
+        ]
+        return JSONResponse(outputs if is_batch else outputs[0])
 
-        @app.get("/health")
-        @app.get("/health_generate")
-        async def health() -> Response:
-            not_ready = self._not_ready()
-            return not_ready if not_ready is not None else Response(status_code=200)
-
-        @app.get("/model_info")
-        @app.get("/get_model_info")
-        async def model_info() -> dict:
-            cfg = engine.config
-            return {
-                "model_path": cfg.model_path,
-                "served_model_name": cfg.model_path,
-                "tokenizer_path": "byte-level",
-                "is_generation": True,
-                "preferred_sampling_params": None,
-                "weight_version": "default",
-                "load_format": "safetensors" if cfg.weights_dir else "seeded",
-                "reasoning_parser": None,
-                "tool_call_parser": None,
-                "disaggregation_mode": "null",
-                "has_image_understanding": False,
-                "has_audio_understanding": False,
-                "model_type": "deepseek_v3",
-                "architectures": ["DeepseekV3ForCausalLM"],
-                # Not in SGLang: what this reference engine runs, for reports and the sidecar.
-                "kdtree_engine": {
-                    "attention_backend": cfg.attention,
-                    "device": cfg.device,
-                    "dtype": cfg.dtype,
-                    # What the weights are: the safetensors file (path and sha256 of its bytes)
-                    # or, when seeded, the seed and the sha256 of the seeded model's config.
-                    "seed": None if cfg.weights_dir else cfg.model.seed,
-                    "weights_path": engine.weights_identity.get("path"),
-                    "weights_sha256": engine.weights_identity.get("sha256"),
-                    "num_layers": cfg.model.num_layers,
-                    "num_heads": cfg.model.num_heads,
-                    "hidden_size": cfg.model.hidden_size,
-                    "vocab_size": cfg.model.vocab_size,
-                    "speculative_num_draft_tokens": cfg.spec.num_draft_tokens,
-                    "speculative_topk": cfg.spec.topk,
-                    "fault_layer": cfg.fault_layer,
-                    "fault_scale": cfg.fault_scale,
-                    "injected_fault": (
-                        cfg.injected_fault.describe() if cfg.injected_fault else None
-                    ),
-                    "attention_kv_splits": cfg.attention_kv_splits,
-                    "decode_step_delay_s": cfg.decode_step_delay_s,
-                },
-            }
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            attention = engine.config.attention
-            self.metrics.ready.labels(attention).set(1.0 if engine.ready.is_set() else 0.0)
-            self.metrics.running.labels(attention).set(engine.num_running)
-            if engine.model is not None and attention == "validate":
-                backend = engine.model.attention
-                self.metrics.validate_calls.labels(attention).set(backend.validate_calls)
-                self.metrics.validate_max_abs_diff.labels(attention).set(
-                    backend.validate_max_abs_diff
-                )
-            return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
-
-        @app.api_route("/generate", methods=["POST", "PUT"])
-        async def generate(request: Request) -> Response:
-            not_ready = self._not_ready()
-            if not_ready is not None:
-                return not_ready
-            try:
-                body = await self._json_body(request)
-                if not isinstance(body, dict):
-                    raise RequestError("request body must be a JSON object")
-                requests, is_batch, parsed = build_requests(body, engine.config, engine.tokenizer)
-                with_text = parsed.return_text_in_logprobs
-                if parsed.stream:
-                    if is_batch:
-                        raise RequestError("stream is supported for single prompts only")
-                    return self._stream(requests[0], with_text, request)
-                results = await self.run(requests, request)
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED)
-            except EngineStepError as exc:
-                return _error(str(exc), 500)
-            except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
-                return _error(str(exc))
-            outputs = [
-                self._output(r, res, with_text) for r, res in zip(requests, results, strict=True)
-            ]
-            return JSONResponse(outputs if is_batch else outputs[0])
-
-        @app.post("/v1/completions")
-        async def completions(request: Request) -> Response:
-            not_ready = self._not_ready()
-            if not_ready is not None:
-                return not_ready
-            try:
-                body = await self._json_body(request)
-                try:
-                    oa = CompletionRequestModel.model_validate(body)
-                except ValidationError as exc:
-                    err = exc.errors()[0]
-                    raise RequestError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-                if oa.stream:
-                    raise RequestError("stream is not supported on /v1/completions here")
-                if oa.n != 1 or oa.echo:
-                    raise RequestError("n > 1 and echo are not supported by the reference engine")
-                if oa.logprobs is not None and not 0 <= oa.logprobs <= 20:
-                    raise RequestError(f"logprobs must be in [0, 20], got {oa.logprobs}")
-                prompt = oa.prompt
-                key = (
-                    "text"
-                    if isinstance(prompt, str)
-                    or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str))
-                    else "input_ids"
-                )
-                sampling = {
-                    "max_new_tokens": oa.max_tokens,
-                    "temperature": oa.temperature,
-                    "top_p": oa.top_p,
-                    "stop": oa.stop,
-                    "ignore_eos": oa.ignore_eos,
-                    "sampling_seed": oa.seed,
-                }
-                if oa.top_k is not None:
-                    sampling["top_k"] = oa.top_k
-                gen_body = {
-                    key: prompt,
-                    "sampling_params": sampling,
-                    "return_logprob": oa.logprobs is not None,
-                    "top_logprobs_num": oa.logprobs or 0,
-                }
-                requests, _, _ = build_requests(gen_body, engine.config, engine.tokenizer)
-                results = await self.run(requests, request)
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED)
-            except EngineStepError as exc:
-                return _error(str(exc), 500)
-            except ValueError as exc:  # RequestError, or a request larger than the whole KV pool
-                return _error(str(exc))
-            return JSONResponse(self._completion_response(oa, requests, results))
+    async def complete(self, oa: CompletionRequestModel, request: Request) -> dict[str, Any]:
+        if oa.stream:
+            raise RequestError("stream is not supported on /v1/completions here")
+        if oa.n != 1 or oa.echo:
+            raise RequestError("n > 1 and echo are not supported by the reference engine")
+        if oa.logprobs is not None and not 0 <= oa.logprobs <= 20:
+            raise RequestError(f"logprobs must be in [0, 20], got {oa.logprobs}")
+        prompt = oa.prompt
+        key = (
+            "text"
+            if isinstance(prompt, str)
+            or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str))
+            else "input_ids"
+        )
+        sampling = {
+            "max_new_tokens": oa.max_tokens,
+            "temperature": oa.temperature,
+            "top_p": oa.top_p,
+            "stop": oa.stop,
+            "ignore_eos": oa.ignore_eos,
+            "sampling_seed": oa.seed,
+        }
+        if oa.top_k is not None:
+            sampling["top_k"] = oa.top_k
+        gen_body = {
+            key: prompt,
+            "sampling_params": sampling,
+            "return_logprob": oa.logprobs is not None,
+            "top_logprobs_num": oa.logprobs or 0,
+        }
+        requests, _, _ = build_requests(gen_body, self.engine.config, self.engine.tokenizer)
+        results = await self.run(requests, request)
+        return self._completion_response(oa, requests, results)
 
     def _completion_response(
         self,
@@ -423,6 +381,80 @@ class EngineAPI:
                     self.abort([req])
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# ---- routes -------------------------------------------------------------------------------
+router = APIRouter()
+# The dependencies are coroutines: plain functions would each take a trip through the thread pool.
+
+
+async def engine_api(request: Request) -> EngineAPI:
+    """The :class:`EngineAPI` the app was built by."""
+    return request.app.state.api
+
+
+async def serving_api(api: Annotated[EngineAPI, Depends(engine_api)]) -> EngineAPI:
+    """The API of an engine that serves (503 while it does not)."""
+    api.check_ready()
+    return api
+
+
+async def json_body(request: Request) -> Any:
+    """The request body's JSON, or a 400 that says what is wrong with it."""
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("request body is nested too deeply") from None
+
+
+async def generate_body(body: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body
+
+
+async def completion_body(body: Annotated[Any, Depends(json_body)]) -> CompletionRequestModel:
+    try:
+        return CompletionRequestModel.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise RequestError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+Serving = Annotated[EngineAPI, Depends(serving_api)]
+
+
+@router.get("/health")
+@router.get("/health_generate")
+async def health(api: Serving) -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def model_info(api: Annotated[EngineAPI, Depends(engine_api)]) -> dict:
+    return api.model_info()
+
+
+@router.get("/metrics")
+async def metrics(api: Annotated[EngineAPI, Depends(engine_api)]) -> Response:
+    return Response(api.render_metrics(), media_type="text/plain; version=0.0.4")
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(
+    api: Serving, body: Annotated[dict[str, Any], Depends(generate_body)], request: Request
+) -> Response:
+    return await api.generate(body, request)
+
+
+@router.post("/v1/completions")
+async def completions(
+    api: Serving, oa: Annotated[CompletionRequestModel, Depends(completion_body)], request: Request
+) -> Response:
+    return JSONResponse(await api.complete(oa, request))
 
 
 class _CountGenerationRequests:

@@ -1,17 +1,17 @@
 """Configuration of the embedded reference engine: the model's shape and the server's limits.
 
 Every knob has a default that gives the documented tiny model; the CLI (``__main__``) and the
-environment (``KDTREE_ENGINE_*``, ``KDTREE_VERIFY``) override them.
+environment (``KDTREE_ENGINE_*``, ``KDTREE_VERIFY``: ``kdtree_inference.settings``) override them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from kdtree_verify import QK_DIM, ROPE_DIM, V_DIM
 
 from ..faults import Fault
+from ..settings import InferenceSettings, VerifyMode
 
 # The MLA geometry is DeepSeek-V3's and is fixed: the verify op is specialised to it.
 KV_LORA_RANK = V_DIM  # latent (compressed KV) width = v head dim seen by attention
@@ -19,7 +19,6 @@ QK_ROPE_HEAD_DIM = ROPE_DIM  # decoupled rope part of every key and query
 QK_HEAD_DIM_ABSORBED = QK_DIM  # latent + rope
 
 ATTENTION_BACKENDS = ("reference", "op", "triton", "validate")
-KDTREE_VERIFY_MODES = ("off", "validate", "on")
 
 
 @dataclass(frozen=True)
@@ -130,20 +129,22 @@ class EngineConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
 
 
-def default_attention_backend(device: str, kdtree_verify: str | None = None) -> str:
+def default_attention_backend(device: str, mode: VerifyMode | str | None = None) -> str:
     """The backend KDTREE_VERIFY selects, with the SGLang backend's meaning.
 
     off -> the baseline (plain torch reference on CPU, SGLang's Triton kernel on GPU);
     on -> our verify op; validate -> both, serving the baseline's output and recording the largest
-    difference (as the SGLang backend's validate mode does).
+    difference (as the SGLang backend's validate mode does). ``mode``: a mode, KDTREE_VERIFY's
+    spelling of one, or None for the environment's.
     """
-    mode = kdtree_verify if kdtree_verify is not None else os.environ.get("KDTREE_VERIFY", "off")
-    mode = mode.strip().lower() or "off"
-    if mode not in KDTREE_VERIFY_MODES:
-        raise ValueError(f"KDTREE_VERIFY must be one of {KDTREE_VERIFY_MODES}, got {mode!r}")
-    if mode == "off":
-        return baseline_backend(device)
-    return "op" if mode == "on" else "validate"
+    if not isinstance(mode, VerifyMode):
+        env = None if mode is None else {"KDTREE_VERIFY": mode}
+        mode = InferenceSettings.from_env(env).verify
+    return {
+        VerifyMode.OFF: baseline_backend(device),
+        VerifyMode.ON: "op",
+        VerifyMode.VALIDATE: "validate",
+    }[mode]
 
 
 def baseline_backend(device: str) -> str:

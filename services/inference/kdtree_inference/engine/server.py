@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import threading
 
 import torch
 
-from ..faults import fault_from_env
+from ..exit_codes import ExitCode
+from ..settings import InferenceSettings
 from .config import (
     ATTENTION_BACKENDS,
     EngineConfig,
@@ -21,7 +21,9 @@ from .config import (
 log = logging.getLogger("kdtree_inference.engine")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: InferenceSettings | None = None) -> argparse.ArgumentParser:
+    """The CLI; ``settings`` (default: the environment's) give the defaults KDTREE_* set."""
+    settings = InferenceSettings.from_env() if settings is None else settings
     p = argparse.ArgumentParser(
         prog="kdtree-engine",
         description="kdtree's embedded reference inference server: a tiny DeepSeek-V3-shaped MLA "
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-layers", type=int, default=ModelConfig.num_layers)
     p.add_argument("--num-heads", type=int, default=ModelConfig.num_heads)
     p.add_argument("--hidden-size", type=int, default=ModelConfig.hidden_size)
-    p.add_argument("--weights-dir", default=os.environ.get("KDTREE_ENGINE_WEIGHTS") or None,
+    p.add_argument("--weights-dir", default=settings.engine_weights,
                    help="load model.safetensors from this directory instead of seeded weights")  # fmt: skip
     p.add_argument("--speculative-num-draft-tokens", type=int, default=SpecConfig.num_draft_tokens,
                    help="draft tree size incl. its root (SGLang's name); 1 = plain decoding")  # fmt: skip
@@ -75,21 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "(a candidate made slow on purpose); default 0")  # fmt: skip
     p.add_argument("--warmup-delay", type=float, default=0.0,
                    help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
-    p.add_argument("--threads", type=int, default=int(os.environ.get("KDTREE_ENGINE_THREADS", "1")),
+    p.add_argument("--threads", type=int, default=settings.engine_threads,
                    help="torch CPU threads (default 1: the model is tiny, and a demo runs two "
                    "servers side by side)")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
+def config_from_args(
+    args: argparse.Namespace, settings: InferenceSettings | None = None
+) -> EngineConfig:
+    """The engine ``args`` ask for; KDTREE_VERIFY and KDTREE_INJECT_FAULT come from ``settings``
+    (default: the environment's)."""
+    settings = InferenceSettings.from_env() if settings is None else settings
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if (args.fault_layer is None) != (args.fault_scale is None):
         raise ValueError("--fault-layer and --fault-scale go together: give both or neither")
     torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    attention = args.attention or default_attention_backend(device)
+    attention = args.attention or default_attention_backend(device, settings.verify)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     model = ModelConfig(
         seed=args.seed,
@@ -116,7 +123,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         weights_dir=args.weights_dir,
         fault_layer=args.fault_layer,
         fault_scale=1.0 if args.fault_scale is None else args.fault_scale,
-        injected_fault=fault_from_env(),
+        injected_fault=settings.inject_fault,
         incremental_streaming_output=args.incremental_streaming_output,
         warmup_delay_s=args.warmup_delay,
         attention_kv_splits=args.attention_kv_splits,
@@ -167,4 +174,4 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
         server.run()
     finally:
         engine.stop()
-    return 1 if engine.failed is not None else 0
+    return ExitCode.FAILED if engine.failed is not None else ExitCode.OK

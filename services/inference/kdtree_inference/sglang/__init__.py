@@ -1,6 +1,6 @@
 """kdtree's SGLang integration: the verify attention backend, its plugin and its launcher.
 
-- ``modes``: KDTREE_VERIFY and the other settings, read from the environment;
+- ``modes``: the backend's settings (``kdtree_inference.settings`` read from the environment);
 - ``extension``: is the CUDA kernel usable on this machine (the launcher's and backend's check);
 - ``marshal``: SGLang's per-forward verify metadata -> the op's inputs, in static buffers;
 - ``comparison``: on-device kernel-vs-Triton error statistics (graph-safe);

@@ -3,7 +3,7 @@
 Every argument is passed to SGLang's launcher unchanged (``python -m sglang.launch_server ...``,
 or the command in KDTREE_SGLANG_LAUNCHER, split like a shell would). Before handing over, the
 launcher prints the active KDTREE_VERIFY mode and, when the mode needs the kernel (``validate``,
-``on``), refuses to start (exit status 2, nothing launched) if:
+``on``), refuses to start (``ExitCode.REFUSED``, nothing launched) if:
 
 - the kdtree plugin is not installed, or SGLANG_PLUGINS leaves it out (the backend would never
   be installed in the scheduler processes);
@@ -27,13 +27,13 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 
+from ..exit_codes import ExitCode
+from ..settings import InferenceSettings
 from .modes import SettingsError, VerifyMode, VerifySettings
 
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "kdtree_verify"
-LAUNCHER_ENV = "KDTREE_SGLANG_LAUNCHER"
 BACKEND_FLAGS = ("--attention-backend", "--decode-attention-backend")
-REFUSED = 2
 SELFCHECK = "kdtree-selfcheck"
 HELP_FLAGS = frozenset({"-h", "--help"})
 
@@ -42,10 +42,9 @@ def _say(message: str) -> None:
     print(f"kdtree-serve: {message}", file=sys.stderr, flush=True)
 
 
-def launch_command(args: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-    """The exact argv kdtree-serve executes for ``args``."""
-    env = os.environ if env is None else env
-    custom = env.get(LAUNCHER_ENV, "").strip()
+def launch_command(args: Sequence[str], settings: InferenceSettings) -> list[str]:
+    """The exact argv kdtree-serve executes for ``args`` (KDTREE_SGLANG_LAUNCHER's command)."""
+    custom = settings.sglang_launcher
     prefix = shlex.split(custom) if custom else [sys.executable, "-m", "sglang.launch_server"]
     return [*prefix, *args]
 
@@ -118,10 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return selfcheck(args[1:])
     env = os.environ
     try:
-        settings = VerifySettings.from_env(env)
+        inference = InferenceSettings.from_env(env)
+        settings = VerifySettings.from_settings(inference)
     except SettingsError as error:
         _say(f"refusing to start: {error}")
-        return REFUSED
+        return ExitCode.REFUSED
     _say(f"mode: {settings.describe()}")
     if settings.mode is not VerifyMode.OFF and not flag_values(args, "--attention-backend"):
         _say("note: pass --attention-backend triton so SGLang picks the backend kdtree replaces")
@@ -131,15 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in problems:
             _say(f"refusing to start with KDTREE_VERIFY={settings.mode.value}: {problem}")
         _say("set KDTREE_VERIFY=off to serve with SGLang's stock Triton kernel")
-        return REFUSED
-    command = launch_command(args, env)
+        return ExitCode.REFUSED
+    command = launch_command(args, inference)
     _say(f"exec {shlex.join(command)}")
     try:
         os.execvp(command[0], command)
     except OSError as error:
         _say(f"cannot execute {command[0]!r}: {error}")
-        return 127
-    return 0  # not reached: exec replaced this process
+        return ExitCode.CANNOT_EXECUTE
+    return ExitCode.OK  # not reached: exec replaced this process
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""README.md's configuration tables are the settings models' fields (scripts/config_table.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import config_table  # noqa: E402
+
+
+def test_readme_tables_are_what_the_settings_models_describe() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert config_table.rewrite(readme) == readme, "README.md is stale: run `make config-table`"
+
+
+def test_every_field_of_every_section_has_a_row() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for section in config_table.SECTIONS:
+        settings = section.load()
+        for name, field in settings.model_fields.items():
+            assert field.description, f"{settings.__qualname__}.{name}"
+            assert f"| `{config_table.env_var(settings, name, field)}` |" in readme
+
+
+def test_a_stale_table_is_reported_and_regenerated(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    current = (ROOT / "README.md").read_text()
+    readme.write_text(current.replace("every N verify steps", "every N steps", 1))
+    assert config_table.main(["--check", "--readme", str(readme)]) == 1
+    assert config_table.main(["--readme", str(readme)]) == 0
+    assert readme.read_text() == current
+    assert config_table.main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_a_section_whose_model_is_missing_fails_loudly() -> None:
+    missing = config_table.Section("missing", "kdtree_inference.no_such_settings:Settings")
+    readme = f"{missing.begin}\n{missing.end}\n"
+    with pytest.raises(ModuleNotFoundError):
+        config_table.rewrite(readme, (missing,))
+    with pytest.raises(ValueError, match="needs exactly one"):
+        config_table.rewrite("no markers", config_table.SECTIONS)
+
+
+def test_defaults_are_shown_as_typed() -> None:
+    from kdtree_inference.settings import VerifyMode
+
+    shown = [config_table.shown_default(v) for v in (None, True, False, VerifyMode.ON, "", 3)]
+    assert shown == ["unset", "`on`", "`off`", "`on`", "empty", "`3`"]
