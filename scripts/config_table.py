@@ -51,6 +51,8 @@ class Section:
 # One entry per generated table: a model added here needs its markers in README.md.
 SECTIONS: tuple[Section, ...] = (
     Section("inference", "kdtree_inference.settings:InferenceSettings"),
+    Section("promote", "kdtree_parity.promote.settings:PromoteSettings"),
+    Section("parity", "kdtree_parity.settings:ParitySettings"),
 )
 
 

@@ -31,7 +31,8 @@ class ParitySettings(BaseSettings):
     floor_url: str = Field(
         "",
         description="optional A/A' target: the baseline computed an equivalent, not "
-        "bit-identical way; the candidate is judged by its excess over it",
+        "bit-identical way; the candidate is judged by its excess over it (docs/parity.md, "
+        "'A/A noise and the A/A' floor')",
     )
     baseline_image: str = Field(
         "", description="image digest/reference of the baseline, recorded in the report"
@@ -58,7 +59,8 @@ class ParitySettings(BaseSettings):
     lease_s: float = Field(
         60.0,
         description="seconds a run stays claimed by its process without a heartbeat "
-        f"({LEASE_RANGE_S[0]:g}..{LEASE_RANGE_S[1]:g})",
+        f"({LEASE_RANGE_S[0]:g}..{LEASE_RANGE_S[1]:g}; renewed every sixth of it); another "
+        "process may take the run over after that",
     )
     token: str = Field(
         "", description="service: bearer token for POST /runs (unset: mutating endpoints refuse)"
