@@ -38,8 +38,11 @@ class ExtendMetadata:
     mask_indptr: torch.Tensor | None  # [B+1] int64
     out_cache_loc: torch.Tensor  # [T_total] int64: pool slots the new tokens' KV is written to
     max_extend_len: int  # host-side max N (SGLang keeps it on the host too)
-    # The kernel API's metadata, per softmax scale: built and validated once per forward.
-    _kernel_metadata: dict[float, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The kernel API's metadata, per softmax scale: built and validated once per forward (not
+    # an init field, so dataclasses.replace, as the fault injection uses it, starts afresh).
+    _kernel_metadata: dict[float, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def kernel_metadata(self, sm_scale: float) -> Any:
         """This forward's ``kdtree_verify.VerifyMetadata`` at ``sm_scale`` (built on first use;
