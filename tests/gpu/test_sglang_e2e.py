@@ -18,6 +18,7 @@ off_chain          off       yes          (eagle: EAGLE's chain, top-k 1)
 validate_chain     validate  yes          == off_chain's
 on                 on        yes          the parity gate's candidate: PASS
 on_seed1           on        yes          other weights: the gate must FAIL
+off_floor          off       yes          (kimi) the A/A' floor: off with another prefill chunking
 =================  ========  ===========  ===========================================
 
 Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
@@ -77,6 +78,11 @@ class E2EConfig:
     eager_pair: bool = True
     chain_pair: bool = False
     mem_fraction: float = 0.07
+    # SGLang flags of an A/A' floor server (off, the same weights, computed an equivalent but not
+    # bit-identical way); the gate then judges its candidates by their excess over it. A
+    # smaller prefill chunk moves the target's own numerics (the prompt's KV is summed in another
+    # split, its GEMMs see other shapes); kv-splits would not: they reach only the draft.
+    floor_flags: tuple[str, ...] = ()
 
     @property
     def dflash(self) -> bool:
@@ -96,7 +102,13 @@ CONFIGS = {
     "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}),
     # The DFlash draft's weights count against the static fraction: 0.07 leaves no KV cache.
     "dflash": E2EConfig("tiny", {"speculation": "dflash"}, mem_fraction=0.09),
-    "kimi": E2EConfig("kimi-rank", {}, eager_pair=False, mem_fraction=0.16),
+    "kimi": E2EConfig(
+        "kimi-rank",
+        {},
+        eager_pair=False,
+        mem_fraction=0.16,
+        floor_flags=("--chunked-prefill-size", "16"),
+    ),
 }
 CONFIG_NAME = os.environ.get("KDTREE_E2E_CONFIG", "eagle")
 if CONFIG_NAME not in CONFIGS:
@@ -151,6 +163,8 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
         spec("on_seed1", "on", seed=1),
         spec("validate", "validate"),
     ]
+    if CONFIG.floor_flags:
+        specs.append(spec("off_floor", "off", extra=CONFIG.floor_flags))
     if CONFIG.eager_pair:
         specs += [
             spec("off_eager", "off", cuda_graphs=False),
@@ -364,6 +378,7 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
         "--baseline", running["off"].url, "--candidate", running[candidate].url,
         "--corpus", "short", "--policy", str(POLICY), "--out", str(parity_out),
         "--db", str(parity_out / "parity.sqlite3"), "--no-progress",
+        *(["--floor", running["off_floor"].url] if CONFIG.floor_flags else []),
     ]  # fmt: skip
     parity_out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
