@@ -33,7 +33,9 @@ def own_pid_namespace() -> list[str]:
 
 
 def test_two_services_share_one_store(reference_server, tmp_path: Path) -> None:
-    baseline, candidate = reference_server(), reference_server()
+    # The candidate decodes slowly on purpose, so the shared run is still running (it takes
+    # minutes) through every check below, however fast the machine.
+    baseline, candidate = reference_server(), reference_server(decode_step_delay=0.05)
     corpus, policy = write_inputs(tmp_path, 6)
     db = tmp_path / "runs.sqlite3"
     env = {
@@ -52,7 +54,7 @@ def test_two_services_share_one_store(reference_server, tmp_path: Path) -> None:
     try:
         first.wait()
         second.wait()
-        # Both asked at once for the same pair (the 203-prompt corpus: it runs for a while).
+        # Both asked at once for the same pair (the 203-prompt corpus, on the slow candidate).
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(
                 lambda url: httpx.post(url + "/runs", json={"corpus": "default"}, headers=AUTH,
