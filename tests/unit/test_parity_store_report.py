@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import socket
 import sqlite3
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from parity_factories import exact, failed, generation, hard, near_tie, ok, result
@@ -234,6 +236,38 @@ def test_a_pair_runs_once_across_stores_and_a_lost_lease_stops_writes(tmp_path: 
     assert second.results(run_id) == []
     first.close()
     second.close()
+
+
+def _open_store_at_once(path: str, barrier: Any, errors: Any) -> None:
+    barrier.wait()
+    try:
+        Store(path).close()
+    except Exception as exc:  # reported to the parent, which asserts there are none
+        errors.put(repr(exc))
+
+
+def test_processes_creating_one_store_at_once_all_open_it(tmp_path: Path) -> None:
+    # Two gate services started together create the database together. Switching a new file to
+    # WAL needs the exclusive lock, and SQLite refuses the losers at once instead of waiting.
+    # Without the store's own wait this failed about one round in thirty here.
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for round_ in range(40):
+        path = str(tmp_path / f"runs-{round_}.sqlite3")
+        barrier = context.Barrier(6)
+        workers = [
+            context.Process(target=_open_store_at_once, args=(path, barrier, errors))
+            for _ in range(6)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert [w.exitcode for w in workers] == [0] * 6
+        assert errors.empty(), errors.get()
+        store = Store(path, read_only=True)
+        assert store.list_runs() == []
+        store.close()
 
 
 def test_read_only_stores_create_nothing_and_refuse_what_is_not_a_run_database(

@@ -34,6 +34,7 @@ from kdtree_parity.results import PromptResult
 
 RunStatus = Literal["running", "passed", "failed", "error", "interrupted"]
 FINAL_STATUSES = ("passed", "failed", "error", "interrupted")
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's lock
 LEASE_S = 60.0  # default lease of a running run; the owner renews it every LEASE_S / 6
 LEGACY_STALE_S = 120.0  # rows written before leases existed: stale this long after updated_at
 VERDICT_TO_STATUS: dict[str, RunStatus] = {"pass": "passed", "fail": "failed", "error": "error"}
@@ -206,7 +207,7 @@ class Store:
             self._db = _connect_read_only(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         try:
             if read_only:
@@ -214,9 +215,9 @@ class Store:
                 if "runs" not in tables:
                     raise StoreError(f"{self.path} is not a kdtree-parity run database")
             else:
-                self._db.execute("PRAGMA journal_mode=WAL")
+                _enable_wal(self._db)
                 self._db.execute("PRAGMA foreign_keys=ON")
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
                 self._migrate()
         except BaseException:
             self._db.close()
@@ -585,6 +586,25 @@ def _expire(db: sqlite3.Connection, row: sqlite3.Row, why: str, now: float) -> N
         " WHERE id=? AND status='running' AND owner_id IS ?",
         (why, now, now, row["id"], _row_get(row, "owner_id")),
     )
+
+
+def _enable_wal(db: sqlite3.Connection) -> None:
+    """Switch the database to WAL, waiting out other processes doing the same.
+
+    WAL is a property of the file, so only its first opener changes it, and the change needs
+    the exclusive lock. When several processes create one database at once, SQLite answers all
+    but one "database is locked" without calling the busy handler (it would otherwise deadlock
+    them), so the wait is here.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:
