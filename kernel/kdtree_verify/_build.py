@@ -42,13 +42,17 @@ EXTENSION_NAME = "kdtree_verify_cuda"
 _module: ModuleType | None = None
 
 
-def cuda_archs() -> list[str]:
-    """SM versions from KDTREE_CUDA_ARCHS, validated (e.g. ``['80', '90', '120']``)."""
-    raw = os.environ.get("KDTREE_CUDA_ARCHS") or DEFAULT_ARCHS
+def parse_archs(raw: str, what: str = "KDTREE_CUDA_ARCHS") -> list[str]:
+    """SM versions from a ';'- (or ',')-separated list, validated (``'80;90'`` -> ``['80', '90']``)."""
     archs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
     if not archs or not all(a.isdigit() for a in archs):
-        raise ValueError(f"KDTREE_CUDA_ARCHS: expected e.g. {DEFAULT_ARCHS!r}, got {raw!r}")
+        raise ValueError(f"{what}: expected e.g. {DEFAULT_ARCHS!r}, got {raw!r}")
     return archs
+
+
+def cuda_archs() -> list[str]:
+    """SM versions from KDTREE_CUDA_ARCHS, or the default list (e.g. ``['80', '90', '120']``)."""
+    return parse_archs(os.environ.get("KDTREE_CUDA_ARCHS") or DEFAULT_ARCHS)
 
 
 def gencode_flags(archs: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ._build import CSRC_DIR, DEFAULT_ARCHS, nvcc_flags
+from ._build import CSRC_DIR, cuda_archs, nvcc_flags, parse_archs
 
 SM120_SMEM_LIMIT = 101_376
 REGISTER_FILE = 65_536
@@ -208,10 +208,12 @@ def check(archs: list[str]) -> tuple[list[KernelReport], list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="ptxas -v check of the verify kernel")
-    parser.add_argument("--archs", default=os.environ.get("KDTREE_CUDA_ARCHS") or DEFAULT_ARCHS)
+    parser.add_argument(
+        "--archs", help="SM versions (default: KDTREE_CUDA_ARCHS or the kernel's list)"
+    )
     parser.add_argument("--out", help="write the summary JSON here")
     args = parser.parse_args()
-    archs = [a for a in args.archs.replace(",", ";").split(";") if a]
+    archs = parse_archs(args.archs, "--archs") if args.archs else cuda_archs()
     reports, found = check(archs)
     for r in reports:
         print(

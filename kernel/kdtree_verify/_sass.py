@@ -8,6 +8,9 @@ rescale, masking, a separate V buffer), so the count is an upper bound on what o
 
     python -m kdtree_verify._sass [--archs 90;120] [--kernel attention_kernel<bf16>]
 
+Without ``--archs`` it reads the archs the extension is built for (``KDTREE_CUDA_ARCHS`` or
+``cuda_archs.txt``).
+
 ``cuobjdump`` comes from the CUDA toolkit (PATH, $CUDA_HOME/bin) or, failing that, from the copy
 that Triton's wheel carries.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _ptxas
+from ._build import cuda_archs, parse_archs
 
 _FUNCTION = re.compile(r"^\s*Function : (?P<name>\S+)", re.M)
 _INSTRUCTION = re.compile(r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);", re.M)
@@ -127,10 +131,10 @@ def loop_stats(archs: list[str], kernel: str = "attention_kernel<bf16>") -> list
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--archs", default="90;120", help="SM versions, e.g. '80;90;120'")
+    parser.add_argument("--archs", help="SM versions, e.g. '90;120' (default: the kernel's list)")
     parser.add_argument("--kernel", default="attention_kernel<bf16>")
     args = parser.parse_args()
-    archs = [a.strip() for a in args.archs.replace(",", ";").split(";") if a.strip()]
+    archs = parse_archs(args.archs, "--archs") if args.archs else cuda_archs()
     try:
         for stats in loop_stats(archs, args.kernel):
             print(stats.summary())

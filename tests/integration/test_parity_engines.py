@@ -29,7 +29,7 @@ from PIL import Image
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.runner import Targets, execute_run, start_run
-from kdtree_parity.store import Store
+from kdtree_parity.store import AsyncStore, Store
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +170,7 @@ def test_killed_candidate_gives_error_then_resume_finishes(
             Targets(baseline, proxy.url),
             out_dir=str(tmp_path / "out"),
         )
-        outcome = asyncio.run(execute_run(store, run_id))
+        outcome = asyncio.run(execute_run(AsyncStore(store), run_id))
         assert outcome.status == "error" and outcome.verdict.status == "error", outcome
         assert "failed 2 requests in a row" in (outcome.error or ""), outcome
         record = store.get_run(run_id)

@@ -30,7 +30,7 @@ from kdtree_inference.engine.model import save_weights, seeded_weights
 from kdtree_parity.corpus import load_corpus, parse_corpus
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.runner import Targets, execute_run, start_run
-from kdtree_parity.store import Store
+from kdtree_parity.store import AsyncStore, Store
 
 pytestmark = pytest.mark.slow
 PROMPTS = 6
@@ -134,7 +134,7 @@ def test_resume_refuses_a_different_build_unless_told_and_then_reports_it(
             Targets(baseline, proxy.url, candidate_image="sha256:one"),
             out_dir=str(tmp_path / "out"),
         )
-        assert asyncio.run(execute_run(store, run_id)).status == "error"
+        assert asyncio.run(execute_run(AsyncStore(store), run_id)).status == "error"
         done_before = store.get_run(run_id).prompts_ok
         stored_before = store.results(run_id)
         assert done_before < PROMPTS
@@ -216,7 +216,7 @@ def test_a_run_whose_reports_cannot_be_written_is_not_passed(
         Targets(baseline, candidate),
         out_dir=str(blocker / "out"),  # the CLI would refuse this; the runner must cope too
     )
-    outcome = asyncio.run(execute_run(store, run_id))
+    outcome = asyncio.run(execute_run(AsyncStore(store), run_id))
     record = store.get_run(run_id)
     assert outcome.verdict is not None and outcome.verdict.status == "pass"
     assert outcome.status == record.status == "error"
@@ -342,7 +342,7 @@ def test_resume_refuses_a_target_whose_build_cannot_be_verified(
             Targets(baseline, proxy.url),
             out_dir=str(tmp_path / "out"),
         )
-        assert asyncio.run(execute_run(store, run_id)).status == "passed"
+        assert asyncio.run(execute_run(AsyncStore(store), run_id)).status == "passed"
         raw = sqlite3.connect(tmp_path / "runs.sqlite3")
         with raw:  # a passed run is final; as an errored one it may be resumed
             raw.execute("UPDATE runs SET status='error' WHERE id=?", (run_id,))

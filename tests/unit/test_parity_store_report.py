@@ -29,7 +29,7 @@ from kdtree_parity.report import (
 )
 from kdtree_parity.report.schema import Report
 from kdtree_parity.runner import Targets, execute_run, start_run, verdict_to_json
-from kdtree_parity.store import LeaseLost, PairBusy, Store, StoreError
+from kdtree_parity.store import AsyncStore, LeaseLost, PairBusy, Store, StoreError
 
 POLICY_TEXT = "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n"
 
@@ -130,7 +130,7 @@ def test_unreachable_targets_end_in_error_with_a_report(tmp_path: Path) -> None:
         Targets(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
         out_dir=str(tmp_path / "out"),
     )
-    outcome = asyncio.run(execute_run(store, run_id))
+    outcome = asyncio.run(execute_run(AsyncStore(store), run_id))
     assert outcome.status == "error" and outcome.verdict.status == "error"
     assert "not healthy after 0.3s" in outcome.error
     record = store.get_run(run_id)

@@ -40,7 +40,7 @@ from kdtree_parity.runner import (
     start_run,
 )
 from kdtree_parity.settings import ParitySettings, SettingsError, load_settings
-from kdtree_parity.store import LeaseLost, RunRecord, RunStatus, Store, StoreError
+from kdtree_parity.store import AsyncStore, LeaseLost, RunRecord, RunStatus, Store, StoreError
 
 EXIT: dict[RunStatus, ExitCode] = {
     "passed": ExitCode.PASSED,
@@ -371,9 +371,10 @@ async def _run_with_signals(
     loop = asyncio.get_running_loop()
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    async_store = AsyncStore(store)  # the run's own thread; the store stays the CLI's after it
     try:
         await execute_run(
-            store,
+            async_store,
             run_id,
             progress=progress,
             images={role: label for role, label in images.items() if label},
@@ -382,6 +383,8 @@ async def _run_with_signals(
         )
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
+    finally:
+        async_store.shutdown()
 
 
 def _resolution(path: str | None) -> ResolutionTable | None:

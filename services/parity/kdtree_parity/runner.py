@@ -10,7 +10,6 @@ requests are dropped, not sent): the verdict is then ``error``, and ``resume`` f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import sqlite3
@@ -32,7 +31,14 @@ from kdtree_parity.gate import Verdict, decide, summarize
 from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
-from kdtree_parity.store import VERDICT_TO_STATUS, LeaseLost, RunRecord, Store
+from kdtree_parity.store import (
+    VERDICT_TO_STATUS,
+    AsyncStore,
+    LeaseLost,
+    RunRecord,
+    RunStatus,
+    Store,
+)
 
 log = logging.getLogger("kdtree_parity.runner")
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
@@ -252,7 +258,7 @@ class _Breaker:
 
 
 async def execute_run(
-    store: Store,
+    store: AsyncStore,
     run_id: str,
     *,
     progress: ProgressCallback | None = None,
@@ -270,7 +276,7 @@ async def execute_run(
     ``write_reports`` the reports are written before the final status is stored, so a run is
     never ``passed`` without them; reports that cannot be written leave it ``error``.
     """
-    record = store.get_run(run_id)
+    record = await store.call(Store.get_run, run_id)
     corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
     loaded = parse_policy(record.policy_text, source=record.policy_source)
     replay = loaded.policy.replay
@@ -314,7 +320,7 @@ async def execute_run(
             await _check_identities(
                 store, run_id, record, role_client, images or {}, accept_identity_change
             )
-            done_ids = store.completed_prompt_ids(run_id)
+            done_ids = await store.call(Store.completed_prompt_ids, run_id)
             pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
             counter = {"done": len(done_ids)}
             if progress:
@@ -339,31 +345,38 @@ async def execute_run(
                 result = build_prompt_result(
                     entry, outcomes, loaded.policy.compare.near_tie_epsilon
                 )
-                store.save_result(run_id, ordinal, result)
+                await store.call(Store.save_result, run_id, ordinal, result)
                 counter["done"] += 1
                 if progress:
                     progress(counter["done"], len(corpus), result)
 
             await asyncio.gather(*(one_prompt(i, e) for i, e in pending))
         verdict = decide(
-            summarize(store.results(run_id), len(corpus)),
+            summarize(await store.call(Store.results, run_id), len(corpus)),
             loaded.policy.gate,
             aborted_because=breaker.reason,
             candidate_refused=candidate_refused,
         )
         status = VERDICT_TO_STATUS[verdict.status]
         ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
-        store.heartbeat(run_id)  # still ours? (LeaseLost) -- never report over a new owner's run
+        # Still ours? (LeaseLost) -- never report over a new owner's run.
+        await store.call(Store.heartbeat, run_id)
         if write_reports and record.out_dir:
             try:
-                write_report_files(
-                    store, run_id, Path(record.out_dir), ending=ending, resolution=resolution
+                await store.call(
+                    write_report_files,
+                    run_id,
+                    Path(record.out_dir),
+                    ending=ending,
+                    resolution=resolution,
                 )
             except OSError as exc:
                 ending = RunEnding(
                     "error", None, f"the reports could not be written to {record.out_dir}: {exc}"
                 )
-        store.finish_run(run_id, ending.status, verdict=ending.verdict, error=ending.error)
+        await store.call(
+            Store.finish_run, run_id, ending.status, verdict=ending.verdict, error=ending.error
+        )
         outcome = RunOutcome(run_id, ending.status, verdict, ending.error)
     except LeaseLost:
         _log_lost(run_id)
@@ -372,18 +385,16 @@ async def execute_run(
         if lost:  # the heartbeat found the run taken over: it is not ours to end or report
             _log_lost(run_id)
             raise lost[0] from None
-        store.finish_run(run_id, "interrupted", error="interrupted (signal or cancellation)")
-        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        reason = "interrupted (signal or cancellation)"
+        await _end_on_failure(store, run_id, "interrupted", reason, record.out_dir, write_reports)
         raise
     except IdentityChanged as exc:
-        store.finish_run(run_id, "error", error=f"resume refused: {exc}")
-        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        reason = f"resume refused: {exc}"
+        await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
         raise
     except Exception as exc:
-        store.finish_run(
-            run_id, "error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        )
-        _write_reports_quietly(store, run_id, record.out_dir, write_reports)
+        reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
         raise
     finally:
         heartbeat.cancel()
@@ -393,7 +404,7 @@ async def execute_run(
 
 
 async def _check_identities(
-    store: Store,
+    store: AsyncStore,
     run_id: str,
     record: RunRecord,
     role_client: dict[Role, TargetClient],
@@ -426,20 +437,20 @@ async def _check_identities(
     for role, identity in current.items():
         if role in changed:
             merged = {**(record.targets[role][1] or {}), **identity}
-            store.accept_identity_change(run_id, role, changed[role], merged)
+            await store.call(Store.accept_identity_change, run_id, role, changed[role], merged)
         else:
-            store.set_identity(run_id, role, identity)
+            await store.call(Store.set_identity, run_id, role, identity)
 
 
 async def _heartbeat(
-    store: Store, run_id: str, owner: asyncio.Task | None, lost: list[LeaseLost]
+    store: AsyncStore, run_id: str, owner: asyncio.Task | None, lost: list[LeaseLost]
 ) -> None:
     """Renew the run's lease so other processes see it is alive. If the run was taken over
     (our lease expired), stop the run at once: its results are no longer ours to store."""
     while True:
         await asyncio.sleep(store.heartbeat_s)
         try:
-            store.heartbeat(run_id)
+            await store.call(Store.heartbeat, run_id)
         except LeaseLost as exc:
             lost.append(exc)
             if owner is not None:
@@ -468,9 +479,20 @@ def verdict_to_json(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def _write_reports_quietly(store: Store, run_id: str, out_dir: str | None, enabled: bool) -> None:
-    """Best effort on the failure path: the run's status is already safe in the store."""
-    if not (enabled and out_dir):
+async def _end_on_failure(
+    store: AsyncStore,
+    run_id: str,
+    status: RunStatus,
+    reason: str,
+    out_dir: str | None,
+    write_reports: bool,
+) -> None:
+    """The run ends ``status`` with ``reason``; its reports are then written on a best-effort
+    basis (the status is already safe in the store, and the original failure is raised on)."""
+    await store.call(Store.finish_run, run_id, status, error=reason)
+    if not (write_reports and out_dir):
         return
-    with contextlib.suppress(Exception):  # never mask the original failure
-        write_report_files(store, run_id, Path(out_dir))
+    try:
+        await store.call(write_report_files, run_id, Path(out_dir))
+    except Exception:
+        log.exception("run %s: the reports could not be written", run_id)

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -55,7 +53,7 @@ from kdtree_parity.runner import (
     start_run,
 )
 from kdtree_parity.settings import ParitySettings, load_settings
-from kdtree_parity.store import LeaseLost, PairBusy, RunRecord, Store
+from kdtree_parity.store import AsyncStore, LeaseLost, PairBusy, RunRecord, Store
 from kdtree_parity.yaml_load import load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
@@ -252,31 +250,6 @@ def _request_problem(errors: list[ErrorDetails], pairs: list[str]) -> str:
     return f"{key!r} must be a string (a name), not {_shown(value)}"
 
 
-class StoreThread:
-    """The handlers' store, used on a thread of its own: SQLite calls block (a write may wait on
-    another process's lock), so they stay off the event loop; and a sqlite3 connection belongs
-    to the thread that opened it, hence one dedicated thread rather than the shared pool."""
-
-    def __init__(self, db: str, lease_s: float) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-store")
-        try:
-            self._store = self._executor.submit(Store, db, lease_s=lease_s).result()
-        except BaseException:
-            self._executor.shutdown()
-            raise
-
-    async def call(
-        self, work: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """``work(store, *args, **kwargs)`` on the store's thread."""
-        job = functools.partial(work, self._store, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
-
-    def close(self) -> None:
-        self._executor.submit(self._store.close).result()
-        self._executor.shutdown()
-
-
 @dataclass
 class _Live:
     """In-memory progress of the runs this process is executing."""
@@ -347,8 +320,10 @@ class ServiceState:
 
     settings: ServiceSettings
     started: PreparedRun  # the configured corpus and policy as checked at start
-    store: StoreThread  # the endpoints'
-    run_store: Store  # the runs': they execute on the event loop's thread
+    store: AsyncStore  # the endpoints'
+    run_store: (
+        AsyncStore  # the runs' (a write may wait on another process's lock: not the endpoints')
+    )
     live: _Live
     metrics: _Metrics
 
@@ -541,9 +516,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, ServiceState]]:
     Runs another process left running stay as they are: each reads as interrupted only once
     its own lease expired (store.py), whoever starts or restarts meanwhile."""
     settings: ServiceSettings = app.state.settings
-    run_store = Store(settings.db, lease_s=settings.lease_s)
+    run_store = AsyncStore(Store(settings.db, lease_s=settings.lease_s))
     try:
-        store = StoreThread(settings.db, settings.lease_s)
+        store = AsyncStore(Store(settings.db, lease_s=settings.lease_s))
     except BaseException:
         run_store.close()
         raise

@@ -16,6 +16,8 @@ at most one runs per pair, decided inside one ``BEGIN IMMEDIATE`` transaction (`
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import secrets
@@ -23,12 +25,13 @@ import socket
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from kdtree_parity.results import PromptResult
 
@@ -187,7 +190,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Store:
-    """A SQLite database of runs. One instance per thread (sqlite3 connections are not shared).
+    """A SQLite database of runs, used by one thread at a time (its connection is not shared by
+    threads at once; ``AsyncStore`` serves it to async code from a thread of its own).
 
     ``read_only`` opens an existing database without writing anything (``list``, ``report``):
     a missing file is refused, and runs whose owner is gone read as interrupted without being
@@ -207,7 +211,9 @@ class Store:
             self._db = _connect_read_only(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            self._db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
         self._db.row_factory = sqlite3.Row
         try:
             if read_only:
@@ -586,6 +592,43 @@ def _expire(db: sqlite3.Connection, row: sqlite3.Row, why: str, now: float) -> N
         " WHERE id=? AND status='running' AND owner_id IS ?",
         (why, now, now, row["id"], _row_get(row, "owner_id")),
     )
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class AsyncStore:
+    """A ``Store`` for async code: every call runs on one thread of its own.
+
+    SQLite calls block (a write may wait ``BUSY_TIMEOUT_S`` on another process's lock), so they
+    stay off the event loop; and one thread uses the connection in turn, so calls from several
+    tasks (a run's prompts, its heartbeat, the service's endpoints) never overlap.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-store")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.store.heartbeat_s
+
+    async def call(
+        self, work: Callable[Concatenate[Store, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """``work(store, *args, **kwargs)`` on the store's thread."""
+        job = functools.partial(work, self.store, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def shutdown(self) -> None:
+        """Wait for the calls in flight and end the thread; the store stays open."""
+        self._executor.shutdown()
+
+    def close(self) -> None:
+        """Shut down, then close the store."""
+        self.shutdown()
+        self.store.close()
 
 
 def _enable_wal(db: sqlite3.Connection) -> None:

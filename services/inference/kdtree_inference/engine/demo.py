@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..exit_codes import ExitCode
 from .corpus import prompts
 from .launch import EngineProcess, interrupts_deferred, stop_process
 
@@ -173,18 +174,19 @@ def main(argv: list[str] | None = None) -> int:
             baseline, candidate, corpus, args.max_new_tokens
         )
         print_report(rows, info)
+        # kdtree-parity's own exit statuses (kdtree_parity.exit_codes: 0 passed, 1 failed).
         verdict = {0: "PASS", 1: "FAIL"}.get(verdict_code, "COULD NOT DECIDE")
         print(f"parity verdict: {verdict}; report: {report_html or 'none written'}")
         print(f"({len(corpus)} prompts, baseline twice + candidate, in "
               f"{time.perf_counter() - start:.1f}s)")  # fmt: skip
         differs = not rows or any(r.first_divergence is not None for r in rows)
-        return 1 if args.strict and differs else 0
+        return ExitCode.FAILED if args.strict and differs else ExitCode.OK
     except KeyboardInterrupt:
         print("\ninterrupted; stopping servers", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     finally:
         for server in servers:
             server.stop()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..exit_codes import ExitCode
 from .config import EngineConfig, ModelConfig, SpecConfig
 from .corpus import prompts
 from .scheduler import Engine, GenerationResult
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_parity: no CUDA device; this script is for the GPU machine", file=sys.stderr)
-        return 2
+        return ExitCode.REFUSED
     if args.prompts < 1:
         p.error("--prompts must be >= 1")
     texts = prompts(args.prompts)
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"op vs triton: {len(op_vs_triton)}/{len(texts)} prompts differ "
           f"({report['op_vs_triton']['hard_divergences']} hard); "
           f"op speculative vs plain: {len(spec_vs_plain)} differ; written to {out}")  # fmt: skip
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 
+from ..exit_codes import ExitCode
 from .config import EngineConfig, ModelConfig
 from .corpus import prompts
 from .scheduler import Engine
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.stop()
     print(json.dumps(summary, indent=2))
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":
