@@ -34,6 +34,20 @@ ARG TORCH_VERSION=2.14.1
 # cuobjdump has no wheel of the 13.0 release; any 13.x reads 13.0's fatbins (the pypi path only:
 # NVIDIA's devel image carries its own).
 ARG CUOBJDUMP_VERSION=13.2.51
+# The installer of the images' Python packages (the `uv` stage below).
+ARG UV_VERSION=0.13.9
+
+# ---------------------------------------------------------------------------------------------
+# uv installs the images' Python packages (parallel downloads and unpacking, bytecode compiled on
+# every core). It is a build tool: the RUNs that install bind-mount /opt/uv from this stage, and
+# no image carries it. /opt/uv/bin/uv-pip is uv with pip's index settings (scripts/uv_pip.sh).
+FROM ${PYTHON_SLIM_IMAGE} AS uv
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG UV_VERSION
+RUN pip install --no-cache-dir --target /opt/uv "uv==${UV_VERSION}"
+COPY scripts/uv_pip.sh /opt/uv/bin/uv-pip
 
 # ---------------------------------------------------------------------------------------------
 # Python and a venv on NVIDIA's CUDA devel base.
@@ -52,7 +66,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         python3 python3-venv python3-dev build-essential make git ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv "${VIRTUAL_ENV}"
+    && python3 -m venv "${VIRTUAL_ENV}" \
+    && mkdir -p /opt/kdtree && : >/opt/kdtree/cuda-requirements.txt
 
 # ---------------------------------------------------------------------------------------------
 # The same on a plain Python base, with CUDA's compiler, headers and runtime from NVIDIA's wheels
@@ -81,9 +96,14 @@ RUN apt-get update \
         apt-get install -y --no-install-recommends python3-dev; fi \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv "${VIRTUAL_ENV}"
+# The wheels are requirements of the venv from here on: /opt/kdtree/cuda-requirements.txt joins
+# SGLang's resolution (the serving stages), so that its set keeps this toolkit (NVIDIA's base
+# leaves the file empty: its toolkit is not a wheel).
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install "cuda-toolkit[nvcc,crt,cccl,cudart]==${CUDA_WHEELS_VERSION}" \
-        "nvidia-cuda-cuobjdump==${CUOBJDUMP_VERSION}" \
+    mkdir -p /opt/kdtree \
+    && printf '%s\n' "cuda-toolkit[nvcc,crt,cccl,cudart]==${CUDA_WHEELS_VERSION}" \
+        "nvidia-cuda-cuobjdump==${CUOBJDUMP_VERSION}" >/opt/kdtree/cuda-requirements.txt \
+    && pip install -r /opt/kdtree/cuda-requirements.txt \
     && wheels="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu${CUDA_WHEELS_VERSION%%.*}" \
     && ln -s "${wheels}" "${CUDA_HOME}" \
     && ln -s lib "${CUDA_HOME}/lib64" \
@@ -98,59 +118,70 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
 FROM cuda-from-${CUDA_SOURCE} AS cuda-python
 
 # ---------------------------------------------------------------------------------------------
-# What serving needs: SGLang with its dependencies and its torch (~11 GB). pip's cache is a build
-# cache mount: it survives between builds on one machine and never lands in the image.
-# One install of all of it would be one ~11 GB layer, and committing a layer needs about four
+# What serving needs: SGLang with its dependencies and its torch (~12 GB), resolved once into
+# /opt/kdtree/serving-pins.txt and installed by uv. uv's cache is a build cache mount (shared:
+# uv locks it itself, and the demo image's build takes torch from it too): it survives between
+# builds on one machine and never lands in an image.
+# One install of all of it would be one ~12 GB layer, and committing a layer needs about four
 # times its size at once (the container's files, buildah's diff of them, its copy in the store's
-# staging area, the layer unpacked): ~45 GB. So pip resolves once (the pins in
-# /opt/kdtree/serving-pins.txt), and the pinned set is installed in slices of at most ~2.5 GB,
-# one layer each, with no further resolving (docs/operations.md, "Disk").
-FROM cuda-python AS serving
+# staging area, the layer unpacked): ~45 GB. So the pinned set is installed in slices of at most
+# ~2.5 GB, one layer each, with no further resolving (docs/operations.md, "Disk").
+# This stage holds the slices the kernel is compiled against (CUDA's libraries, torch with its
+# own dependencies, ninja): the kernel's build and the rest of SGLang's set both start from it,
+# side by side in a builder that runs stages in parallel (podman build --jobs, BuildKit).
+FROM cuda-python AS torch-runtime
+# Inherited from either CUDA stage; said again because the resolve below pipes.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG SGLANG_VERSION
 ARG TORCH_VERSION
+ENV KDTREE_BUILD_DIR=/opt/kdtree/kernel-build
 WORKDIR /opt/kdtree
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --dry-run --quiet --report /tmp/serving.json \
-        "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
-        "setuptools==80.9.0" "wheel==0.45.1" \
-    && python -c 'import json, sys; print("\n".join(sorted(i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"])))' \
-        /tmp/serving.json >serving-pins.txt \
-    && rm /tmp/serving.json && wc -l serving-pins.txt
+# One resolution for all that the image runs: SGLang, the toolkit's wheels, and kdtree-inference's
+# own pins (its pyproject's dependencies, but for the kdtree packages installed below), so that
+# installing kdtree-inference later changes nothing of the set.
+COPY services/inference/pyproject.toml kdtree-inference.pyproject.toml
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    { printf '%s\n' "sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "ninja==1.13.2" \
+        "setuptools==80.9.0" "wheel==0.45.1"; cat cuda-requirements.txt; \
+      python -c 'import sys, tomllib; print(*(d for d in tomllib.load(sys.stdin.buffer)["project"]["dependencies"] if not d.startswith("kdtree-")), sep="\n")' \
+        <kdtree-inference.pyproject.toml; } \
+    | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --output-file serving-pins.txt \
+    && printf '%s\n' "torch==${TORCH_VERSION}" "ninja==1.13.2" "setuptools==80.9.0" "wheel==0.45.1" \
+    | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --constraint serving-pins.txt \
+        --output-file kernel-build-pins.txt \
+    && wc -l serving-pins.txt kernel-build-pins.txt
 # Each slice is a list of name==version lines of serving-pins.txt, one argument each: the word
 # splitting is the point (SC2046), and the versions are pinned there (DL3013).
 # hadolint ignore=SC2046,DL3013
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps $(grep -iE '^(nvidia-cudnn|nvidia-nccl|nvidia-cusparselt)' serving-pins.txt)
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --no-deps $(grep -iE '^(nvidia-cudnn|nvidia-nccl|nvidia-cusparselt)' serving-pins.txt)
 # hadolint ignore=SC2046,DL3013
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
-# hadolint ignore=SC2046,DL3013
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps $(grep -iE '^(torch|triton)==' serving-pins.txt)
-# hadolint ignore=SC2046,DL3013
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps $(grep -iE '^(sglang-kernel|sgl-|flashinfer)' serving-pins.txt)
-RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps -r serving-pins.txt
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
+# What the kernel's build needs besides: torch with its own dependencies, ninja, setuptools.
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --no-deps -r kernel-build-pins.txt
 
 # ---------------------------------------------------------------------------------------------
 # The CUDA extension, compiled ahead of time for KDTREE_CUDA_ARCHS (";"-separated sm numbers) by
 # `make kernel` (torch.utils.cpp_extension into KDTREE_BUILD_DIR). No GPU is needed to compile.
 # kdtree-verify is installed as a package (its wheel carries kdtree_verify/csrc), not as an
-# editable checkout: the extension is built from the installed sources, in the environment that
-# serves it, so the op's loader finds it up to date (same sources, headers and flags) and never
-# recompiles at run time.
+# editable checkout, so the extension is built from the sources the image serves. The package
+# and the build leave this stage as one tar (file times kept), which the runtime unpacks on the
+# same torch and CUDA layers: the op's loader (ninja, comparing sources, headers, flags and file
+# times) then finds the extension up to date and never recompiles at run time.
 # The arch list comes from kernel/kdtree_verify/cuda_archs.txt: make passes it as this build
 # argument (so the image's label names it); left empty, the build reads that file itself.
-FROM serving AS kernel-build
+FROM torch-runtime AS kernel-build
 ARG KDTREE_CUDA_ARCHS=
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
-    KDTREE_BUILD_DIR=/opt/kdtree/kernel-build \
     VENV=/opt/venv
-WORKDIR /opt/kdtree
 # The Makefile and the files its `setup` prerequisite names; this venv stands in for .venv.
 COPY Makefile pyproject.toml ./
 COPY scripts/ scripts/
@@ -162,19 +193,40 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps --no-build-isolation ./kernel \
     && touch "${VENV}/.setup-done" \
     && KDTREE_BUILD_WITHOUT_GPU=1 MAX_JOBS=4 make kernel \
-    && rm -rf kernel
+    && rm -rf kernel \
+    && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    && tar --create --file /opt/kdtree/kernel.tar "${KDTREE_BUILD_DIR}" "${site}"/kdtree_verify*
 
 # ---------------------------------------------------------------------------------------------
-# The runtime: kernel-build as it stands (the compiler stays: SGLang compiles kernels with nvcc on
-# first use on sm_90 and newer, docs/operations.md "What the inference image holds").
-FROM kernel-build AS inference
+# The rest of SGLang's set (sgl-kernel, flashinfer, DeepGEMM, ..., then ~150 small packages).
+FROM torch-runtime AS serving
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+# hadolint ignore=SC2046,DL3013
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --no-deps $(grep -iE '^(sglang-kernel|sgl-|flashinfer)' serving-pins.txt)
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --no-deps -r serving-pins.txt
+
+# ---------------------------------------------------------------------------------------------
+# The runtime: SGLang's environment with the compiled kernel and kdtree-inference (the compiler
+# stays: SGLang compiles kernels with nvcc on first use on sm_90 and newer, docs/operations.md
+# "What the inference image holds").
+FROM serving AS inference
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
 ARG SGLANG_VERSION
 ARG TORCH_VERSION
-ARG KDTREE_CUDA_ARCHS
+ARG KDTREE_CUDA_ARCHS=
 ARG CUDA_SOURCE
+# The loader compiles with the archs it was built for: the same variable as in kernel-build.
+ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS}
+RUN --mount=type=bind,from=kernel-build,source=/opt/kdtree/kernel.tar,target=/tmp/kernel.tar \
+    tar --extract --file /tmp/kernel.tar --directory /
 COPY services/inference/ /opt/kdtree/services/inference/
 # The op takes a lock in KDTREE_BUILD_DIR when it loads the extension: writable by the runtime user.
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
@@ -245,7 +297,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     KDTREE_HEALTH_PORT=30000
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# torch from TORCH_INDEX_URL (its CPU build), through uv and its cache, as the inference image.
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    PIP_INDEX_URL="${TORCH_INDEX_URL}" /opt/uv/bin/uv-pip install --system "torch==${TORCH_VERSION}"
 COPY kernel/ /opt/kdtree/kernel/
 COPY services/inference/ /opt/kdtree/services/inference/
 RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \

@@ -177,18 +177,21 @@ def test_the_sliced_install_is_sglangs_whole_resolved_set() -> None:
         """
         import json, subprocess
         from importlib.metadata import version
+        import importlib.util, shutil
         pins = [line.split("==") for line in open("/opt/kdtree/serving-pins.txt").read().split()]
         check = subprocess.run(["python", "-m", "pip", "check"], capture_output=True, text=True)
         print(json.dumps({
             "pins": len(pins),
             "differ": [f"{n}=={v} but {version(n)}" for n, v in pins if version(n) != v],
             "check": check.returncode, "out": check.stdout + check.stderr,
+            "uv": [shutil.which("uv"), shutil.which("uv-pip"), importlib.util.find_spec("uv")],
         }))
         """
     )
     assert facts["pins"] > 150, facts
     assert facts["differ"] == [], facts
     assert facts["check"] == 0, facts["out"]
+    assert facts["uv"] == [None, None, None], "the build's installer stayed in the image"
 
 
 def test_kdtree_serve_help_is_sglangs() -> None:
@@ -262,7 +265,7 @@ def test_the_pushed_digest_ci_recorded_is_the_registrys(registry: str) -> None:
     assert record["repo_digest"] == f"{repository}@{served}"
     # podman 4's templates spell it .ID (json .Id fails there).
     assert record["image_id"] == "sha256:" + image_facts(".ID")
-    # The manifest the registry serves under that digest names this image's config.
+    # The manifest the registry serves under that digest names this image's config (its id).
     request = urllib.request.Request(
         f"http://{registry}/v2/kdtree/inference/manifests/{served}",
         headers={"Accept": MANIFEST_TYPES},

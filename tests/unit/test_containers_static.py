@@ -225,12 +225,20 @@ def _kernel_build_sources() -> str:
 def test_inference_image_contract() -> None:
     stages = dockerfile_stages()
     stage = "\n".join(stages["inference"])
-    # One lineage: the CUDA base CUDA_SOURCE picks, SGLang's environment, the kernel compiled in
-    # it, the runtime on top (the compiler stays: docs/operations.md says why).
-    assert re.search(r"^FROM kernel-build AS inference", stage, re.MULTILINE)
-    assert stages["kernel-build"][0] == "FROM serving AS kernel-build"
-    assert stages["serving"][0] == "FROM cuda-python AS serving"
+    # One lineage: the CUDA base CUDA_SOURCE picks, torch and CUDA's libraries, then side by side
+    # the kernel compiled against them and the rest of SGLang's set, the runtime on top with the
+    # kernel's tar unpacked (the compiler stays: docs/operations.md says why).
+    assert re.search(r"^FROM serving AS inference", stage, re.MULTILINE)
+    assert stages["torch-runtime"][0] == "FROM cuda-python AS torch-runtime"
+    assert stages["kernel-build"][0] == "FROM torch-runtime AS kernel-build"
+    assert stages["serving"][0] == "FROM torch-runtime AS serving"
     assert stages["cuda-python"] == ["FROM cuda-from-${CUDA_SOURCE} AS cuda-python"]
+    unpack = "--mount=type=bind,from=kernel-build,source=/opt/kdtree/kernel.tar"
+    assert unpack in stage and "tar --extract" in stage
+    # The loader in the runtime sees the archs and build directory the kernel was built with
+    # (a different flag would make it recompile at run time).
+    assert "ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS}" in stage
+    assert "KDTREE_BUILD_DIR=/opt/kdtree/kernel-build" in "\n".join(stages["torch-runtime"])
     args = "\n".join(stages["__args__"])
     assert "ARG CUDA_SOURCE=image" in args, "NVIDIA's base stays the default"
     assert stages["cuda-from-image"][0] == "FROM ${CUDA_BASE_IMAGE} AS cuda-from-image"
@@ -241,7 +249,12 @@ def test_inference_image_contract() -> None:
     # The wheels' toolkit is the release torch pins, and cpp_extension finds it through CUDA_HOME.
     pypi = "\n".join(stages["cuda-from-pypi"])
     assert "ARG CUDA_WHEELS_VERSION=13.0.3" in args
-    assert 'pip install "cuda-toolkit[nvcc,crt,cccl,cudart]==${CUDA_WHEELS_VERSION}"' in pypi
+    assert '"cuda-toolkit[nvcc,crt,cccl,cudart]==${CUDA_WHEELS_VERSION}"' in pypi
+    # ... and stays: the toolkit's wheels are requirements of SGLang's resolution (a fresh
+    # resolution would otherwise take the newest nvcc, not the one torch's CUDA pins).
+    assert "pip install -r /opt/kdtree/cuda-requirements.txt" in pypi
+    assert ": >/opt/kdtree/cuda-requirements.txt" in "\n".join(stages["cuda-from-image"])
+    assert "cat cuda-requirements.txt;" in "\n".join(stages["torch-runtime"])
     assert "CUDA_HOME=/opt/cuda" in pypi and "/opt/cuda/bin" in pypi
     assert 'ENTRYPOINT ["kdtree-serve"]' in stage
     assert "HEALTHCHECK" in stage and "/health" in stage
@@ -254,15 +267,34 @@ def test_inference_image_contract() -> None:
     ):
         assert label in stage
     build = "\n".join(stages["kernel-build"])
-    assert "KDTREE_BUILD_DIR=/opt/kdtree/kernel-build" in build
     # kdtree-verify is installed as a package (its wheel carries csrc), not as an editable checkout.
     assert "pip install --no-deps --no-build-isolation ./kernel" in build
     assert "--editable" not in build and " -e " not in build
-    serving = "\n".join(stages["serving"])
+    assert '"${KDTREE_BUILD_DIR}" "${site}"/kdtree_verify*' in build  # what the tar carries
     # Resolved once, then installed in slices of the pins, one layer each (none too big to commit).
-    assert re.search(r'pip install --dry-run .*--report .*"sglang==\$\{SGLANG_VERSION\}"', serving)
-    assert serving.count("pip install --no-deps") >= 4
-    assert "pip install --no-deps -r serving-pins.txt" in serving
+    runtime = "\n".join(stages["torch-runtime"])
+    serving = "\n".join(stages["serving"])
+    assert re.search(
+        r'"sglang==\$\{SGLANG_VERSION\}".* \| /opt/uv/bin/uv-pip compile - .*--output-file serving-pins.txt',
+        runtime,
+    )
+    assert "--constraint serving-pins.txt --output-file kernel-build-pins.txt" in runtime
+    # kdtree-inference's own pins join the resolution: installing it later changes nothing.
+    assert "COPY services/inference/pyproject.toml kdtree-inference.pyproject.toml" in runtime
+    assert "<kdtree-inference.pyproject.toml; }" in runtime
+    slices = (runtime + serving).count("/opt/uv/bin/uv-pip install --no-deps")
+    assert slices >= 5, slices
+    assert "uv-pip install --no-deps -r serving-pins.txt" in serving
+    # uv is a build tool: its stage is bind-mounted where it installs, and never copied.
+    uv = "\n".join(stages["uv"])
+    assert 'pip install --no-cache-dir --target /opt/uv "uv==${UV_VERSION}"' in uv
+    assert "COPY scripts/uv_pip.sh /opt/uv/bin/uv-pip" in uv
+    assert re.search(r"ARG UV_VERSION=\d+\.\d+\.\d+", args)
+    mount = "--mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv"
+    for name, lines in stages.items():
+        for line in lines:
+            assert "uv-pip" not in line or mount in line or name == "uv", (name, line)
+            assert not re.match(r"COPY --from=uv\b", line), (name, line)
     assert "ARG SGLANG_VERSION=0.5.23" in args and "ARG TORCH_VERSION=2.14.1" in args
 
 
