@@ -26,7 +26,7 @@ from kdtree_inference.engine.model import (
     seeded_digest,
     seeded_weights,
 )
-from kdtree_inference.engine.protocol import RequestError, build_requests
+from kdtree_inference.engine.protocol import GenerateRequestModel, RequestError, build_requests
 from kdtree_inference.engine.sampling import sample_token
 from kdtree_inference.engine.scheduler import (
     Engine,
@@ -198,19 +198,21 @@ def test_config_rejects_bad_values() -> None:
 
 def test_request_building() -> None:
     cfg, tok = EngineConfig(max_prompt_tokens=32, max_new_tokens_limit=16), ByteTokenizer()
-    reqs, is_batch, _ = build_requests(
-        {"text": ["a", "b"], "sampling_params": {"temperature": None, "max_new_tokens": 4,
-                                                 "stop": "x"}, "rid": "r"}, cfg, tok
-    )  # fmt: skip
+
+    def build(body: dict) -> tuple:
+        return build_requests(GenerateRequestModel.model_validate(body), cfg, tok)
+
+    sampling = {"temperature": None, "max_new_tokens": 4, "stop": "x"}
+    reqs, is_batch = build({"text": ["a", "b"], "sampling_params": sampling, "rid": "r"})
     assert is_batch and [r.rid for r in reqs] == ["r_0", "r_1"]
     assert reqs[0].temperature == 1.0  # null means SGLang's default, 1.0
     assert reqs[0].stop_strs == ["x"] and reqs[0].max_new_tokens == 4
     with pytest.raises(RequestError, match="limit of 16"):
-        build_requests({"text": "a", "sampling_params": {"max_new_tokens": 17}}, cfg, tok)
+        build({"text": "a", "sampling_params": {"max_new_tokens": 17}})
     with pytest.raises(RequestError, match="unknown sampling parameter"):
-        build_requests({"text": "a", "sampling_params": {"max_tokens": 1}}, cfg, tok)
+        build({"text": "a", "sampling_params": {"max_tokens": 1}})
     with pytest.raises(RequestError, match="not supported"):
-        build_requests({"text": "a", "sampling_params": {"n": 2}}, cfg, tok)
+        build({"text": "a", "sampling_params": {"n": 2}})
 
 
 def test_a_failing_forward_fails_its_requests_and_the_engine_recovers() -> None:

@@ -21,11 +21,18 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .protocol import CompletionRequestModel, RequestError, build_requests
+from .protocol import (
+    CompletionRequestModel,
+    GenerateRequestModel,
+    RequestError,
+    build_requests,
+    describe_errors,
+)
 from .scheduler import (
     Engine,
     EngineStepError,
@@ -56,8 +63,24 @@ def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
+def _unparsed_body(_request: Request, exc: HTTPException) -> JSONResponse:
+    """FastAPI's own refusals (a body it could not parse, an unknown path) in this API's shape;
+    a body that did not parse says why (FastAPI keeps the cause)."""
+    message = str(exc.detail)
+    if isinstance(exc.__cause__, RecursionError):
+        message = "request body is nested too deeply"
+    elif isinstance(exc.__cause__, UnicodeDecodeError):
+        message = f"request body is not valid JSON: {exc.__cause__}"
+    return _error(message, exc.status_code)
+
+
 # What an exception that leaves a route is answered with (never an unhandled 500).
 EXCEPTION_RESPONSES: dict[type[Exception], Any] = {
+    # A body that does not fit its request model: a 400 in SGLang's words, as SGLang answers.
+    RequestValidationError: lambda _request, exc: _error(
+        describe_errors(exc.errors(), body_prefix=True)
+    ),
+    HTTPException: _unparsed_body,
     ClientGone: lambda _request, _exc: Response(status_code=CLIENT_CLOSED),
     NotReady: lambda _request, exc: _error(str(exc), 503),
     EngineStepError: lambda _request, exc: _error(str(exc), 500),
@@ -231,10 +254,10 @@ class EngineAPI:
             self.metrics.validate_max_abs_diff.labels(attention).set(backend.validate_max_abs_diff)
         return self.metrics.render()
 
-    async def generate(self, body: dict[str, Any], request: Request) -> Response:
-        requests, is_batch, parsed = build_requests(body, self.engine.config, self.engine.tokenizer)
-        with_text = parsed.return_text_in_logprobs
-        if parsed.stream:
+    async def generate(self, body: GenerateRequestModel, request: Request) -> Response:
+        requests, is_batch = build_requests(body, self.engine.config, self.engine.tokenizer)
+        with_text = body.return_text_in_logprobs
+        if body.stream:
             if is_batch:
                 raise RequestError("stream is supported for single prompts only")
             return self._stream(requests[0], with_text, request)
@@ -268,13 +291,15 @@ class EngineAPI:
         }
         if oa.top_k is not None:
             sampling["top_k"] = oa.top_k
-        gen_body = {
-            key: prompt,
-            "sampling_params": sampling,
-            "return_logprob": oa.logprobs is not None,
-            "top_logprobs_num": oa.logprobs or 0,
-        }
-        requests, _, _ = build_requests(gen_body, self.engine.config, self.engine.tokenizer)
+        gen_body = GenerateRequestModel.model_validate(
+            {
+                key: prompt,
+                "sampling_params": sampling,
+                "return_logprob": oa.logprobs is not None,
+                "top_logprobs_num": oa.logprobs or 0,
+            }
+        )
+        requests, _ = build_requests(gen_body, self.engine.config, self.engine.tokenizer)
         results = await self.run(requests, request)
         return self._completion_response(oa, requests, results)
 
@@ -399,30 +424,6 @@ async def serving_api(api: Annotated[EngineAPI, Depends(engine_api)]) -> EngineA
     return api
 
 
-async def json_body(request: Request) -> Any:
-    """The request body's JSON, or a 400 that says what is wrong with it."""
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError("request body is nested too deeply") from None
-
-
-async def generate_body(body: Annotated[Any, Depends(json_body)]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    return body
-
-
-async def completion_body(body: Annotated[Any, Depends(json_body)]) -> CompletionRequestModel:
-    try:
-        return CompletionRequestModel.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise RequestError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-
-
 Serving = Annotated[EngineAPI, Depends(serving_api)]
 
 
@@ -444,16 +445,12 @@ async def metrics(api: Annotated[EngineAPI, Depends(engine_api)]) -> Response:
 
 
 @router.api_route("/generate", methods=["POST", "PUT"])
-async def generate(
-    api: Serving, body: Annotated[dict[str, Any], Depends(generate_body)], request: Request
-) -> Response:
+async def generate(api: Serving, body: GenerateRequestModel, request: Request) -> Response:
     return await api.generate(body, request)
 
 
 @router.post("/v1/completions")
-async def completions(
-    api: Serving, oa: Annotated[CompletionRequestModel, Depends(completion_body)], request: Request
-) -> Response:
+async def completions(api: Serving, oa: CompletionRequestModel, request: Request) -> Response:
     return JSONResponse(await api.complete(oa, request))
 
 

@@ -9,6 +9,7 @@ their default, with a message, instead of being silently ignored.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -69,7 +70,9 @@ class SamplingParamsModel(BaseModel):
 
 
 class GenerateRequestModel(BaseModel):
-    """The subset of SGLang's GenerateReqInput this engine serves; other keys are ignored."""
+    """The subset of SGLang's GenerateReqInput this engine serves; other keys are ignored, as
+    SGLang's own request model ignores keys it does not know (its sampling parameters, above,
+    are strict in both)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -85,8 +88,19 @@ class GenerateRequestModel(BaseModel):
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
+    return describe_errors(exc.errors())
+
+
+def describe_errors(errors: Sequence[Any], body_prefix: bool = False) -> str:
+    """One line for pydantic's first error, in this API's words. ``body_prefix``: FastAPI's
+    request-body errors, whose locations start with ``"body"``."""
+    err = errors[0]
+    loc = tuple(err["loc"])[1:] if body_prefix else tuple(err["loc"])
+    if err["type"] == "json_invalid":
+        return f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}"
+    if body_prefix and not loc:  # no body, null, or not an object
+        return "request body must be a JSON object"
+    where = ".".join(str(p) for p in loc) or "body"
     if err["type"] == "extra_forbidden":
         return f"unknown sampling parameter {where!r}"
     return f"{where}: {err['msg']}"
@@ -143,13 +157,9 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
 
 
 def build_requests(
-    body: dict[str, Any], config: EngineConfig, tokenizer: ByteTokenizer
-) -> tuple[list[GenerationRequest], bool, GenerateRequestModel]:
+    req: GenerateRequestModel, config: EngineConfig, tokenizer: ByteTokenizer
+) -> tuple[list[GenerationRequest], bool]:
     """Engine requests for one /generate body, and whether the body was a batch."""
-    try:
-        req = GenerateRequestModel.model_validate(body)
-    except ValidationError as exc:
-        raise RequestError(_first_error(exc)) from None
     if (req.text is None) == (req.input_ids is None):
         raise RequestError("Either text or input_ids should be provided (exactly one).")
     if req.text is not None:
@@ -235,7 +245,7 @@ def build_requests(
                 sampling_seed=sp.sampling_seed,
             )
         )
-    return out, is_batch, req
+    return out, is_batch
 
 
 class CompletionRequestModel(BaseModel):
