@@ -66,7 +66,7 @@ from kdtree_verify import (
 )
 from kdtree_verify.cuda import verify_attention_cuda
 from kdtree_verify.plan import make_plan, split_chunk
-from kdtree_verify.testing import random_tree_parents, tree_visibility
+from kdtree_verify.testing import random_tree_parents, sglang_extend_attention, tree_visibility
 
 QK, DV = QK_DIM, V_DIM
 GRID_B = (1, 8, 32)
@@ -621,25 +621,20 @@ def main() -> int:
         rec["max_abs_diff_vs_extend"] = None
         if fp8 and extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
             ext_out = torch.empty_like(out)
+            ext_meta = forward_metadata(inp, sm_scale)
 
-            def fp8_extend_call(inp=inp, ext_out=ext_out, T=T):
-                extend_attention_fwd(
+            def fp8_extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
+                sglang_extend_attention(
+                    meta,
                     inp["q"],
                     inp["k_ext"],
-                    inp["v_ext"].contiguous(),
-                    ext_out,
+                    inp["v_ext"],
                     pool_fp8,
                     pool_fp8[..., :DV],
-                    inp["qo_indptr"],
-                    inp["kv_indptr"],
-                    inp["kv_indices"],
-                    inp["mask"],
-                    True,
-                    inp["mask_indptr"],
-                    T,
-                    FP8_K_SCALE,
-                    FP8_V_SCALE,
-                    sm_scale=sm_scale,
+                    max_draft_tokens=T,
+                    k_scale=FP8_K_SCALE,
+                    v_scale=FP8_V_SCALE,
+                    out=ext_out,
                 )
 
             rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
@@ -652,25 +647,18 @@ def main() -> int:
             rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
         elif extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
             ext_out = torch.empty_like(out)
+            ext_meta = forward_metadata(inp, sm_scale)
 
-            def extend_call(inp=inp, ext_out=ext_out, T=T):
-                extend_attention_fwd(
+            def extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
+                sglang_extend_attention(
+                    meta,
                     inp["q"],
                     inp["k_ext"],
-                    inp["v_ext"].contiguous(),
-                    ext_out,
+                    inp["v_ext"],
                     pool.k,
                     pool.v,
-                    inp["qo_indptr"],
-                    inp["kv_indptr"],
-                    inp["kv_indices"],
-                    inp["mask"],
-                    True,
-                    inp["mask_indptr"],
-                    T,
-                    1.0,
-                    1.0,
-                    sm_scale=sm_scale,
+                    max_draft_tokens=T,
+                    out=ext_out,
                 )
 
             rec["triton_extend_us"] = round(timer.per_call_us(extend_call, reps=3), 1)

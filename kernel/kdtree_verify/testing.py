@@ -222,21 +222,25 @@ def sglang_extend_attention(
     max_draft_tokens: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SGLang 0.5.23's own ``extend_attention_fwd`` called as its Triton backend calls it on target
     verify (is_causal=True, prefix custom-mask columns skipped; ``k_scale``/``v_scale`` are its
-    k_descale / v_descale, the layer's scales with an fp8 pool, else 1.0).
+    k_descale / v_descale, the layer's scales with an fp8 pool, else 1.0): the oracle of the tests,
+    the reference engine's GPU baseline and the benchmarks' speed anchor.
 
     On a CPU machine this needs ``TRITON_INTERPRET=1`` set before sglang is first imported, and
     float32 tensors (bf16 is not reliable in the interpreter). ``max_draft_tokens`` is SGLang's
-    ``max_extend_len``; computed from qo_indptr (a host sync) when not given.
+    ``max_extend_len``; computed from qo_indptr (a host sync) when not given. ``out`` [T, H, 512]
+    is written when given (a timed loop allocates nothing), else allocated.
     """
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     qo_indptr = metadata.qo_indptr
     if max_draft_tokens is None:
         max_draft_tokens = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(*q.shape[:2], v_buffer.shape[-1], dtype=q.dtype, device=q.device)
     extend_attention_fwd(
         q,
         k_extend.contiguous(),

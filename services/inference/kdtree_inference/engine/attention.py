@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .config import ATTENTION_BACKENDS, KV_LORA_RANK, baseline_backend
+from .config import ATTENTION_BACKENDS, baseline_backend
 
 
 @dataclass
@@ -160,30 +160,18 @@ def _load_triton(device: str) -> AttentionFn:
             "the triton backend needs a CUDA device; on CPU it runs only under the Triton "
             "interpreter: set TRITON_INTERPRET=1 before starting (float32 only, slow)"
         )
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    from kdtree_verify.testing import sglang_extend_attention
 
     def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
-        out = torch.empty(*q.shape[:2], KV_LORA_RANK, dtype=q.dtype, device=q.device)
         # The arguments TritonAttnBackend.forward_extend passes for a target-verify forward.
-        extend_attention_fwd(
+        return sglang_extend_attention(
+            meta.kernel_metadata(sm_scale),
             q,
-            k_extend.contiguous(),
-            v_extend.contiguous(),
-            out,
+            k_extend,
+            v_extend,
             k_buffer,
             v_buffer,
-            meta.qo_indptr,
-            meta.kv_indptr,
-            meta.kv_indices,
-            meta.custom_mask,
-            True,
-            meta.mask_indptr,
-            meta.max_extend_len,
-            1.0,
-            1.0,
-            sm_scale=sm_scale,
-            page_size=1,
+            max_draft_tokens=meta.max_extend_len,
         )
-        return out
 
     return call
