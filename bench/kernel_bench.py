@@ -78,10 +78,16 @@ REFERENCE_MAX_WORK = 1 * 16 * 16 * 32768
 LAYERS = 61
 """DeepSeek-V3's layers: the SGLang backend plans once per forward and every layer reuses it."""
 FP8_SHAPES = [
-    (8, 8, 8, 32768), (8, 8, 8, 131072), (32, 8, 8, 32768), (32, 8, 8, 131072),
-    (16, 8, 8, 65536), (1, 8, 8, 32768), (8, 16, 16, 4096), (8, 8, 16, 32768),
+    (8, 8, 8, 32768),
+    (8, 8, 8, 131072),
+    (32, 8, 8, 32768),
+    (32, 8, 8, 131072),
+    (16, 8, 8, 65536),
+    (1, 8, 8, 32768),
+    (8, 16, 16, 4096),
+    (8, 8, 16, 32768),
     (1, 128, 16, 32768),
-]  # fmt: skip
+]
 """``--kv-dtype fp8`` default shapes (B, H, T, prefix)."""
 FP8_K_SCALE, FP8_V_SCALE = 0.5, 0.5
 """The pool holds K / k_scale; MLA's V is the same rows, so v_scale = k_scale."""

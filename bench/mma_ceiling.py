@@ -45,9 +45,17 @@ def build(arch: str, out_dir: Path, source: Path = SOURCE) -> Path:
         raise RuntimeError("nvcc not found on PATH: the ceiling kernels are compiled at run time")
     lib = out_dir / f"{source.stem}_sm{arch}.so"
     cmd = [
-        nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-        f"-I{KERNEL_CSRC}", str(source), "-o", str(lib),
-    ]  # fmt: skip
+        nvcc,
+        "-O3",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        f"-I{KERNEL_CSRC}",
+        str(source),
+        "-o",
+        str(lib),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed for sm_{arch}:\n{done.stderr}")

@@ -90,11 +90,18 @@ class Cell:
 def candidates(faults: list[str], kv_splits: int | None = None) -> list[Candidate]:
     """The controls (plus, with ``kv_splits``, the split-KV equivalent-numerics candidate), then
     one candidate per fault."""
-    out = [Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env}) for name, env in
-           CONTROLS.items()]  # fmt: skip
+    out = [
+        Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env})
+        for name, env in CONTROLS.items()
+    ]
     if kv_splits:
-        out.append(Candidate(f"kv_splits_{kv_splits}", {"KDTREE_VERIFY": "off", ENV_VAR: ""},
-                             options={"attention_kv_splits": kv_splits}))  # fmt: skip
+        out.append(
+            Candidate(
+                f"kv_splits_{kv_splits}",
+                {"KDTREE_VERIFY": "off", ENV_VAR: ""},
+                options={"attention_kv_splits": kv_splits},
+            )
+        )
     for spec in faults:
         fault = parse_fault(spec)  # refuses a malformed grid before any server starts
         out.append(Candidate(spec, {"KDTREE_VERIFY": "off", ENV_VAR: spec}, fault.kind, fault.size))
@@ -156,10 +163,26 @@ def judge(
     floor: str | None = None,
 ) -> tuple[int, dict]:
     out = raw / "runs" / tag
-    cmd = [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
-           "--candidate", candidate, "--corpus", str(corpus), "--policy", str(policy),
-           "--out", str(out), "--db", str(raw / "runs.sqlite3"), "--no-progress",
-           *(["--floor", floor] if floor else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kdtree_parity.cli",
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        str(corpus),
+        "--policy",
+        str(policy),
+        "--out",
+        str(out),
+        "--db",
+        str(raw / "runs.sqlite3"),
+        "--no-progress",
+        *(["--floor", floor] if floor else []),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     (raw / "gate" / f"{tag}.stdout").write_text(proc.stdout)
     (raw / "gate" / f"{tag}.stderr").write_text(proc.stderr)
@@ -216,8 +239,9 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
         mode = env.pop("KDTREE_VERIFY", "off")
         if fault is not None and fault.kind != "weight":
             mode = "on"
-        spec = ServerSpec(name=tag, mode=mode, model=model, cuda_graphs=False,
-                          radix_cache=False, env=env)  # fmt: skip
+        spec = ServerSpec(
+            name=tag, mode=mode, model=model, cuda_graphs=False, radix_cache=False, env=env
+        )
         server = SGLangServer(spec, raw / "servers")
         try:
             server.wait_ready(timeout_s)
@@ -273,11 +297,21 @@ def measure(
                         baseline, url, corpora[k], policy, raw, f"{tag}_{k}", floor
                     )
                     verdict = (report.get("verdict") or {}).get("status") or "error"
-                    cell = Cell(cand.name, cand.kind, cand.size, k, verdict, code,
-                                failed_rules(report), figures(report))  # fmt: skip
+                    cell = Cell(
+                        cand.name,
+                        cand.kind,
+                        cand.size,
+                        k,
+                        verdict,
+                        code,
+                        failed_rules(report),
+                        figures(report),
+                    )
                     cells.append(cell)
-                    log(f"{cand.name:>22} x {k:>3} prompts: {verdict} (exit {code}) "
-                        f"{cell.failed_rules}")  # fmt: skip
+                    log(
+                        f"{cand.name:>22} x {k:>3} prompts: {verdict} (exit {code}) "
+                        f"{cell.failed_rules}"
+                    )
     table = {
         "servers": servers,
         "floor": f"baseline with --attention-kv-splits {floor_kv_splits}" if floor else None,
@@ -347,10 +381,14 @@ def markdown(table: dict) -> str:
             rules = ", ".join(cell["failed_rules"])
             entries.append(f"**{cell['verdict']}**" + (f" ({rules})" if rules else ""))
         lines.append(f"| `{name}` | " + " | ".join(entries) + " |")
-    lines += ["", "Smallest fault detected (kv_drop, tree_mask: the largest position/row that "
-              "failed; a later position or row is a smaller fault):", "",
-              "| kind | " + " | ".join(f"{k} prompts" for k in sizes) + " |",
-              "|---|" + "---|" * len(sizes)]  # fmt: skip
+    lines += [
+        "",
+        "Smallest fault detected (kv_drop, tree_mask: the largest position/row that "
+        "failed; a later position or row is a smaller fault):",
+        "",
+        "| kind | " + " | ".join(f"{k} prompts" for k in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for kind, per_size in table["resolution"].items():
         values = []
         for k in sizes:
@@ -364,8 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--corpus-sizes", default=",".join(map(str, DEFAULT_SIZES)))
-    p.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
-                   help="comma-separated KDTREE_INJECT_FAULT values")  # fmt: skip
+    p.add_argument(
+        "--faults",
+        default=",".join(DEFAULT_FAULTS),
+        help="comma-separated KDTREE_INJECT_FAULT values",
+    )
     p.add_argument("--policy", default="short", help="policy path or shipped name")
     p.add_argument(
         "--servers",
@@ -401,8 +442,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.servers == "sglang":
         start = sglang_servers(args.model_dir, args.preset)
-        measure(faults, sizes, args.out, args.policy, start_server=start,
-                servers=f"SGLang, {args.preset} model")  # fmt: skip
+        measure(
+            faults,
+            sizes,
+            args.out,
+            args.policy,
+            start_server=start,
+            servers=f"SGLang, {args.preset} model",
+        )
     else:
         measure(faults, sizes, args.out, args.policy, floor_kv_splits=args.floor_kv_splits)
     print(f"wrote {args.out / 'resolution.md'} and {args.out / 'resolution.json'}")

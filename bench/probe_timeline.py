@@ -103,9 +103,12 @@ def probe_shapes(ext, pool: Pool, timer: Timer, scale: float) -> None:
             print(f"  attn {name:6s} min/med/max us {min_med_max([rel(x[k]) for x in a])}")
         # Per-CTA gaps between two stamps (columns of the attention record), in us.
         for label, later, earlier in (
-            ("meta-entry", 1, 0), ("q-meta", 6, 1), ("tile0-meta", 2, 1),
-            ("loop-tile0", 3, 2), ("end-loop", 4, 3),
-        ):  # fmt: skip
+            ("meta-entry", 1, 0),
+            ("q-meta", 6, 1),
+            ("tile0-meta", 2, 1),
+            ("loop-tile0", 3, 2),
+            ("end-loop", 4, 3),
+        ):
             gaps = [(x[later] - x[earlier]) / 1e3 for x in a]
             print(f"  attn {label:11s} {min_med_max(gaps)}")
         for name, k in (("entry", 0), ("weights", 1), ("end", 2)):

@@ -272,10 +272,18 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     kv_dtype = KV_DTYPE_NAMES[args.kv_dtype]
     speculation = DFLASH if args.spec == "dflash" else args.speculation
     specs = speed_specs(
-        args.model, args.modes, args.mem_fraction, tuple(args.server_arg), tp=args.tp,
-        graph_max_bs=args.graph_max_bs, speculation=speculation, draft=args.draft,
-        block_size=args.block_size, kv_dtype=kv_dtype, cuda_graphs=not args.no_cuda_graphs,
-    )  # fmt: skip
+        args.model,
+        args.modes,
+        args.mem_fraction,
+        tuple(args.server_arg),
+        tp=args.tp,
+        graph_max_bs=args.graph_max_bs,
+        speculation=speculation,
+        draft=args.draft,
+        block_size=args.block_size,
+        kv_dtype=kv_dtype,
+        cuda_graphs=not args.no_cuda_graphs,
+    )
     avoid = draft_mask_token(args.draft)
     preset = config.get("kdtree_model", {}).get("preset", args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout)

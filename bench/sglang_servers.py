@@ -33,12 +33,24 @@ from kdtree_inference.engine.launch import LOOPBACK, free_port, health_status
 
 SPECULATION = {
     # EAGLE's draft tree: 3 draft steps, top-4 per step, 8 tokens verified per step.
-    "tree": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
-             "--speculative-num-draft-tokens", "8"),
+    "tree": (
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "4",
+        "--speculative-num-draft-tokens",
+        "8",
+    ),
     # A chain: one candidate per step, 3 steps, so 4 tokens verified.
-    "chain": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-              "--speculative-num-draft-tokens", "4"),
-}  # fmt: skip
+    "chain": (
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+    ),
+}
 TP_ENV = {
     # NVLink multicast (NVLS) stays off for tensor parallelism on the lent multi-GPU machines.
     "NCCL_NVLS_ENABLE": "0",
@@ -102,10 +114,13 @@ class ServerSpec:
             return ["--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation]]
         # DFLASH forces num_steps and eagle_topk to 1 itself; the block is the verify width.
         return [
-            "--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", str(self.draft),
-            "--speculative-num-draft-tokens", str(self.block_size),
-        ]  # fmt: skip
+            "--speculative-algorithm",
+            "DFLASH",
+            "--speculative-draft-model-path",
+            str(self.draft),
+            "--speculative-num-draft-tokens",
+            str(self.block_size),
+        ]
 
     def flags(self, port: int) -> list[str]:
         """SGLang's arguments for this configuration (kdtree-serve passes them through)."""
@@ -115,16 +130,34 @@ class ServerSpec:
             else ["--cuda-graph-backend-decode", "disabled"]
         )
         return [
-            "--model-path", str(self.model), "--dtype", "bfloat16",
-            "--attention-backend", "triton", "--sampling-backend", "pytorch",
-            "--grammar-backend", "none", "--moe-runner-backend", "triton",
-            "--mem-fraction-static", str(self.mem_fraction),
-            *self.speculative_flags(), *KV_DTYPES[self.kv_dtype],
-            *graphs, "--cuda-graph-backend-prefill", "disabled",
+            "--model-path",
+            str(self.model),
+            "--dtype",
+            "bfloat16",
+            "--attention-backend",
+            "triton",
+            "--sampling-backend",
+            "pytorch",
+            "--grammar-backend",
+            "none",
+            "--moe-runner-backend",
+            "triton",
+            "--mem-fraction-static",
+            str(self.mem_fraction),
+            *self.speculative_flags(),
+            *KV_DTYPES[self.kv_dtype],
+            *graphs,
+            "--cuda-graph-backend-prefill",
+            "disabled",
             *([] if self.radix_cache else ["--disable-radix-cache"]),
             *(["--tp-size", str(self.tp)] if self.tp > 1 else []),
-            "--enable-metrics", "--host", LOOPBACK, "--port", str(port), *self.extra,
-        ]  # fmt: skip
+            "--enable-metrics",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            *self.extra,
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -177,9 +210,12 @@ class SGLangServer:
             log.write(f"$ KDTREE_VERIFY={spec.mode} {' '.join(self.command)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         self.started = time.monotonic()
         self.ready_after_s: float | None = None
 

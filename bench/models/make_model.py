@@ -352,8 +352,10 @@ def write_model(
     }
     if perturb is not None:
         config["kdtree_model"]["perturb"] = {
-            "layer": perturb[0], "size": perturb[1], "realized": realized,
-        }  # fmt: skip
+            "layer": perturb[0],
+            "size": perturb[1],
+            "realized": realized,
+        }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_tokenizer(out, config["max_position_embeddings"])
     return config
@@ -397,9 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         "--device", default="cpu", help="where to draw the weights (cuda is faster)"
     )
     parser.add_argument(
-        "--perturb", type=_perturb_arg, metavar="LAYER:SIZE",
+        "--perturb",
+        type=_perturb_arg,
+        metavar="LAYER:SIZE",
         help="TEST ONLY: seeded noise of relative size SIZE in every matrix of layer LAYER",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     try:
         config = write_model(

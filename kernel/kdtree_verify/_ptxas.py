@@ -132,9 +132,18 @@ def compile_arch(nvcc: str, arch: str, cubin: Path | None = None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         target = cubin if cubin is not None else Path(tmp) / f"verify_sm{arch}.cubin"
         cmd = [
-            nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", *flags, "-Xptxas", "-v",
-            f"-I{CSRC_DIR}", str(KERNEL_SOURCE), "-o", str(target),
-        ]  # fmt: skip
+            nvcc,
+            "-cubin",
+            f"-arch=sm_{arch}",
+            "-std=c++17",
+            *flags,
+            "-Xptxas",
+            "-v",
+            f"-I{CSRC_DIR}",
+            str(KERNEL_SOURCE),
+            "-o",
+            str(target),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed for sm_{arch}:\n{done.stderr}")

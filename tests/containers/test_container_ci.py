@@ -66,10 +66,16 @@ def test_a_disk_without_room_for_the_images_is_refused_before_anything_starts(
             f"&& {{ scripts/container_ci.sh run true; rc=$?; echo left in state: $(ls -A {state}); exit $rc; }}"
         )
         result = run(
-            "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
             env={"KDTREE_CI_STATE": str(state)},
             check=False,
-        )  # fmt: skip
+        )
         after = _netns()
     finally:
         leftover.kill()

@@ -90,9 +90,13 @@ def _gate_env(reports: Path, invoker: Invoker, run_id: str) -> dict[str, str]:
 def test_a_faulted_candidate_fails_and_the_report_says_why(project: str, invoker: Invoker) -> None:
     reports = invoker.directory("reports")
     command = compose_command(
-        project, *PROFILE, "up", "--exit-code-from", "demo-parity",
+        project,
+        *PROFILE,
+        "up",
+        "--exit-code-from",
+        "demo-parity",
         files=[_fault_override(invoker.home)],
-    )  # fmt: skip
+    )
     result = run(*command, env=_gate_env(reports, invoker, "faulted"), check=False)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     _, report = read_report(reports / "faulted")
@@ -116,8 +120,9 @@ def test_a_candidate_that_dies_mid_run_does_not_pass(project: str, invoker: Invo
     command = compose_command(project, *PROFILE, "up", "--exit-code-from", "demo-parity")
     log = invoker.home / "compose.log"
     with log.open("w") as sink:
-        up = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env},
-                              stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+        up = subprocess.Popen(
+            command, cwd=ROOT, env={**os.environ, **env}, stdout=sink, stderr=subprocess.STDOUT
+        )
         try:
             sidecar, candidate = f"{project}-demo-parity-1", f"{project}-demo-candidate-1"
             deadline = time.monotonic() + 300

@@ -66,9 +66,16 @@ class Promotion:
         }
         flags = [f"--records {self.records}", *args]
         return run(
-            "make", "--no-print-directory", "-C", str(ROOT), verb,
-            f"PROMOTE_ARGS={' '.join(flags)}", env=env, check=False, timeout=900,
-        )  # fmt: skip
+            "make",
+            "--no-print-directory",
+            "-C",
+            str(ROOT),
+            verb,
+            f"PROMOTE_ARGS={' '.join(flags)}",
+            env=env,
+            check=False,
+            timeout=900,
+        )
 
     def promote(self, revision: str, *args: str, image: str | None = None) -> Any:
         return self.make(

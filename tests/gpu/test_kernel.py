@@ -129,9 +129,13 @@ def test_sweep_against_sglang_extend(prefix_lens, num_draft, num_heads, mask) ->
 
 @pytest.mark.parametrize(
     ("prefix_lens", "num_draft", "num_heads", "mask"),
-    [((0,), 1, 8, "tree"), ((65, 0, 1000), 5, 12, "chain"), ((300, 7), 13, 16, "causal"),
-     ((64, 63), 16, 8, "tree")],
-)  # fmt: skip
+    [
+        ((0,), 1, 8, "tree"),
+        ((65, 0, 1000), 5, 12, "chain"),
+        ((300, 7), 13, 16, "causal"),
+        ((64, 63), 16, 8, "tree"),
+    ],
+)
 def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, mask) -> None:
     gpu = make_case(
         prefix_lens, num_draft, num_heads, mask=mask, dtype=torch.bfloat16, device="cuda", seed=3
@@ -148,10 +152,16 @@ def test_cuda_op_matches_cpu_specification(prefix_lens, num_draft, num_heads, ma
 @pytest.mark.parametrize(
     "variant",
     [
-        "int32_indices", "bool_mask", "separate_v", "fp16", "int32_indptr", "all_prefix_zero",
-        "q_rows_strided", "q_rows_unaligned",
+        "int32_indices",
+        "bool_mask",
+        "separate_v",
+        "fp16",
+        "int32_indptr",
+        "all_prefix_zero",
+        "q_rows_strided",
+        "q_rows_unaligned",
     ],
-)  # fmt: skip
+)
 def test_input_variants(variant: str) -> None:
     kwargs = {"dtype": torch.bfloat16, "device": "cuda", "seed": 11}
     prefix_lens = (4097, 0, 65, 1)

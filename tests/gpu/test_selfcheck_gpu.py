@@ -17,8 +17,18 @@ pytestmark = pytest.mark.gpu
 
 def test_selfcheck_passes_and_reports_this_device(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    command = [sys.executable, "-m", "kdtree_inference.selfcheck", "--out", str(out), "--quick",
-               "--warmup", "3", "--repeats", "10"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kdtree_inference.selfcheck",
+        "--out",
+        str(out),
+        "--quick",
+        "--warmup",
+        "3",
+        "--repeats",
+        "10",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((out / "selfcheck.json").read_text())

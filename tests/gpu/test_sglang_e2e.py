@@ -152,9 +152,15 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
         target, draft = models[seed]
         server = {**CONFIG.server, **kw}
         return ServerSpec(
-            name, mode, target, draft=draft, radix_cache=False, mem_fraction=CONFIG.mem_fraction,
-            env=env, **server,
-        )  # fmt: skip
+            name,
+            mode,
+            target,
+            draft=draft,
+            radix_cache=False,
+            mem_fraction=CONFIG.mem_fraction,
+            env=env,
+            **server,
+        )
 
     specs = [
         # The parity gate's three first, in the first wave of starts.
@@ -374,12 +380,23 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
     running, _ = servers
     parity_out = out_dir / "parity"
     command = [
-        shutil.which("kdtree-parity") or "kdtree-parity", "run",
-        "--baseline", running["off"].url, "--candidate", running[candidate].url,
-        "--corpus", "short", "--policy", str(POLICY), "--out", str(parity_out),
-        "--db", str(parity_out / "parity.sqlite3"), "--no-progress",
+        shutil.which("kdtree-parity") or "kdtree-parity",
+        "run",
+        "--baseline",
+        running["off"].url,
+        "--candidate",
+        running[candidate].url,
+        "--corpus",
+        "short",
+        "--policy",
+        str(POLICY),
+        "--out",
+        str(parity_out),
+        "--db",
+        str(parity_out / "parity.sqlite3"),
+        "--no-progress",
         *(["--floor", running["off_floor"].url] if CONFIG.floor_flags else []),
-    ]  # fmt: skip
+    ]
     parity_out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     log = parity_out / f"parity_{candidate}.log"

@@ -27,9 +27,13 @@ class ServerFactory:
         self.started: list[EngineProcess] = []
 
     def __call__(
-        self, *, env: dict[str, str] | None = None, wait_ready: bool = True,
-        timeout: float = 120.0, **cli_options: object,
-    ) -> str:  # fmt: skip
+        self,
+        *,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        timeout: float = 120.0,
+        **cli_options: object,
+    ) -> str:
         server = EngineProcess(self.log_dir / f"engine-{len(self.started)}.log", env, **cli_options)
         self.started.append(server)
         server.wait(timeout, ready=wait_ready)

@@ -29,11 +29,26 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 from kdtree_inference.engine.tokenizer import EOS_ID, VOCAB_SIZE
 
-BASE_META = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
-             "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
-             "first_token_latency", "decode_throughput"}  # fmt: skip
-SPEC_META = {"spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
-             "spec_num_proposed_drafts", "spec_verify_ct"}  # fmt: skip
+BASE_META = {
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "weight_version",
+    "num_retractions",
+    "reasoning_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "e2e_latency",
+    "first_token_latency",
+    "decode_throughput",
+}
+SPEC_META = {
+    "spec_accept_rate",
+    "spec_accept_length",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_verify_ct",
+}
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 
 
@@ -84,8 +99,13 @@ def test_logprobs_shapes(client: httpx.Client) -> None:
         client, text="logprobs", sampling_params=GREEDY, return_logprob=True, top_logprobs_num=3
     ).json()
     meta = out["meta_info"]
-    logprob_keys = {"input_token_logprobs", "output_token_logprobs",
-                    "output_token_logprobs_length", "input_top_logprobs", "output_top_logprobs"}  # fmt: skip
+    logprob_keys = {
+        "input_token_logprobs",
+        "output_token_logprobs",
+        "output_token_logprobs_length",
+        "input_top_logprobs",
+        "output_top_logprobs",
+    }
     assert set(meta) == BASE_META | SPEC_META | logprob_keys
     # Default logprob_start_len=-1 resolves to len(input_ids): no input logprobs.
     assert meta["input_token_logprobs"] == [] and meta["input_top_logprobs"] == []
@@ -101,9 +121,14 @@ def test_logprobs_shapes(client: httpx.Client) -> None:
 
 def test_logprobs_with_text_and_input_positions(client: httpx.Client) -> None:
     out = _generate(
-        client, text="abc", sampling_params=GREEDY, return_logprob=True, top_logprobs_num=1,
-        logprob_start_len=0, return_text_in_logprobs=True,
-    ).json()  # fmt: skip
+        client,
+        text="abc",
+        sampling_params=GREEDY,
+        return_logprob=True,
+        top_logprobs_num=1,
+        logprob_start_len=0,
+        return_text_in_logprobs=True,
+    ).json()
     meta = out["meta_info"]
     inputs = meta["input_token_logprobs"]
     assert [t for _, t, _ in inputs] == [256, 97, 98, 99]
@@ -146,8 +171,13 @@ def test_eos_stops_unless_ignored(client: httpx.Client) -> None:
 
 
 def test_sampling_is_seeded(client: httpx.Client) -> None:
-    params = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 16, "sampling_seed": 7,
-              "ignore_eos": True}  # fmt: skip
+    params = {
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "max_new_tokens": 16,
+        "sampling_seed": 7,
+        "ignore_eos": True,
+    }
     a = _generate(client, text="sample", sampling_params=params).json()
     b = _generate(client, text="sample", sampling_params=params).json()
     c = _generate(client, text="sample", sampling_params={**params, "sampling_seed": 8}).json()
@@ -241,11 +271,16 @@ def test_malformed_bodies_are_4xx_json(
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/generate", {"text": "x", "sampling_params": {"temperature": 1, "max_new_tokens": 2,
-                                                        "sampling_seed": 10**30}}),
+        (
+            "/generate",
+            {
+                "text": "x",
+                "sampling_params": {"temperature": 1, "max_new_tokens": 2, "sampling_seed": 10**30},
+            },
+        ),
         ("/v1/completions", {"prompt": "x", "temperature": 1, "max_tokens": 2, "seed": 10**30}),
     ],
-)  # fmt: skip
+)
 def test_a_seed_out_of_torch_range_is_400(client: httpx.Client, path: str, body: dict) -> None:
     resp = client.post(path, json=body)
     assert resp.status_code == 400 and "sampling_seed" in resp.json()["error"]["message"]
@@ -282,8 +317,13 @@ def stream_events(client: httpx.Client, body: dict) -> tuple[list[dict], int]:
 def test_stream_sends_increments_like_sglangs_incremental_streaming_output(
     client: httpx.Client,
 ) -> None:
-    body = {"text": "stream me", "sampling_params": {**GREEDY, "max_new_tokens": 64},
-            "return_logprob": True, "top_logprobs_num": 50, "return_text_in_logprobs": True}  # fmt: skip
+    body = {
+        "text": "stream me",
+        "sampling_params": {**GREEDY, "max_new_tokens": 64},
+        "return_logprob": True,
+        "top_logprobs_num": 50,
+        "return_text_in_logprobs": True,
+    }
     events, size = stream_events(client, body)
     plain = _generate(client, **body)
     whole = plain.json()
@@ -306,9 +346,17 @@ def test_stream_sends_increments_like_sglangs_incremental_streaming_output(
 def test_model_info_fields(client: httpx.Client) -> None:
     info = client.get("/model_info").json()
     # The keys SGLang's /model_info returns (http_server.model_info).
-    for key in ("model_path", "served_model_name", "tokenizer_path", "is_generation",
-                "preferred_sampling_params", "weight_version", "has_image_understanding",
-                "model_type", "architectures"):  # fmt: skip
+    for key in (
+        "model_path",
+        "served_model_name",
+        "tokenizer_path",
+        "is_generation",
+        "preferred_sampling_params",
+        "weight_version",
+        "has_image_understanding",
+        "model_type",
+        "architectures",
+    ):
         assert key in info
     assert info["is_generation"] is True
     assert info["kdtree_engine"]["attention_backend"] == "op"
@@ -317,9 +365,15 @@ def test_model_info_fields(client: httpx.Client) -> None:
 def test_openai_completions(client: httpx.Client) -> None:
     resp = client.post(
         "/v1/completions",
-        json={"model": "tiny", "prompt": "Hello there", "max_tokens": 16, "temperature": 0,
-              "ignore_eos": True, "logprobs": 2},
-    )  # fmt: skip
+        json={
+            "model": "tiny",
+            "prompt": "Hello there",
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 2,
+        },
+    )
     assert resp.status_code == 200
     body = resp.json()
     assert body["object"] == "text_completion" and body["model"] == "tiny"
@@ -382,15 +436,22 @@ def test_requests_whose_client_went_away_are_aborted(reference_server) -> None:
     url = reference_server(attention="reference", device="cpu")
     long = {"temperature": 0, "max_new_tokens": 1024, "ignore_eos": True}
     for i in range(3):  # streams: read the first event, then hang up
-        with httpx.Client(base_url=url, timeout=60) as c, c.stream(
-            "POST", "/generate", json={"text": f"abandon {i}", "stream": True,
-                                       "sampling_params": long},
-        ) as resp:  # fmt: skip
+        with (
+            httpx.Client(base_url=url, timeout=60) as c,
+            c.stream(
+                "POST",
+                "/generate",
+                json={"text": f"abandon {i}", "stream": True, "sampling_params": long},
+            ) as resp,
+        ):
             next(line for line in resp.iter_lines() if line.startswith("data: "))
     for i in range(3):  # plain requests: the client gives up after half a second
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(url + "/generate", json={"text": f"give up {i}", "sampling_params": long},
-                       timeout=httpx.Timeout(60, read=0.5))  # fmt: skip
+            httpx.post(
+                url + "/generate",
+                json={"text": f"give up {i}", "sampling_params": long},
+                timeout=httpx.Timeout(60, read=0.5),
+            )
     deadline = time.monotonic() + 10
     while metric(url, "kdtree_engine_aborted_requests_total") < 6:
         assert time.monotonic() < deadline, httpx.get(url + "/metrics").text
@@ -400,7 +461,10 @@ def test_requests_whose_client_went_away_are_aborted(reference_server) -> None:
         time.sleep(0.2)
     assert metric(url, "kdtree_engine_generation_tokens_total") == 0  # none ran to the end
     started = time.monotonic()
-    normal = httpx.post(url + "/generate", timeout=60,
-                        json={"text": "next", "sampling_params": {**long, "max_new_tokens": 8}})  # fmt: skip
+    normal = httpx.post(
+        url + "/generate",
+        timeout=60,
+        json={"text": "next", "sampling_params": {**long, "max_new_tokens": 8}},
+    )
     assert normal.status_code == 200 and len(normal.json()["output_ids"]) == 8
     assert time.monotonic() - started < 10

@@ -23,8 +23,10 @@ def _urls(output: str) -> list[str]:
 def test_demo_compares_baseline_and_candidate(tmp_path) -> None:
     run = subprocess.run(
         [*DEMO, "--prompts", "3", "--max-new-tokens", "12", "--log-dir", str(tmp_path), "--strict"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "'attention_backend': 'reference'" in run.stdout  # baseline: KDTREE_VERIFY=off
     assert "'attention_backend': 'op'" in run.stdout  # candidate: KDTREE_VERIFY=on
@@ -34,10 +36,24 @@ def test_demo_compares_baseline_and_candidate(tmp_path) -> None:
 
 def test_demo_shows_a_faulty_candidate(tmp_path) -> None:
     run = subprocess.run(
-        [*DEMO, "--prompts", "3", "--max-new-tokens", "12", "--log-dir", str(tmp_path),
-         "--candidate-fault-layer", "1", "--candidate-fault-scale", "3", "--strict"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *DEMO,
+            "--prompts",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--log-dir",
+            str(tmp_path),
+            "--candidate-fault-layer",
+            "1",
+            "--candidate-fault-scale",
+            "3",
+            "--strict",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "DIFFERS at token" in run.stdout
     assert all(health_status(url) is None for url in _urls(run.stdout))
@@ -48,9 +64,11 @@ def test_demo_stops_servers_on_interrupt(tmp_path) -> None:
     # background job without job control) would hand that on to the demo.
     proc = subprocess.Popen(
         [*DEMO, "--prompts", "64", "--max-new-tokens", "512", "--log-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     output = ""
     deadline = time.monotonic() + 240
     while "servers ready" not in output and time.monotonic() < deadline:

@@ -25,8 +25,10 @@ def test_health_is_503_until_warm_then_200(reference_server) -> None:
 def test_fault_layer_makes_a_different_model(reference_server) -> None:
     good = reference_server(attention="op", device="cpu")
     bad = reference_server(attention="op", device="cpu", fault_layer=1, fault_scale=3.0)
-    body = {"text": "Once upon a time", "sampling_params": {"temperature": 0,
-            "max_new_tokens": 32, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "text": "Once upon a time",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True},
+    }
     a = httpx.post(good + "/generate", json=body, timeout=60).json()["output_ids"]
     b = httpx.post(bad + "/generate", json=body, timeout=60).json()["output_ids"]
     assert a != b

@@ -24,10 +24,21 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(KERNEL, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(source), "-w", str(out)],
-        check=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(source),
+            "-w",
+            str(out),
+        ],
+        check=True,
+        timeout=300,
+    )
     (built,) = out.glob("kdtree_verify-*.whl")
     return built
 
@@ -36,10 +47,21 @@ def wheel(tmp_path_factory) -> Path:
 def installed(wheel, tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-         "--target", str(target), str(wheel)],
-        check=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
     return target
 
 
@@ -53,9 +75,13 @@ def _run_installed(target: Path, code: str, cache: Path, timeout: float = 60) ->
     }
     env.pop("KDTREE_BUILD_DIR", None)
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cache, capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=cache,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -38,13 +38,22 @@ def passed_run(db: Path) -> str:
     corpus = parse_corpus(b'{"id": "a", "text": "x"}\n', source="c.jsonl")
     policy = parse_policy("gate: {min_prompts: 1}\n")
     run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:9", "http://127.0.0.1:9"))
-    g = Generation(output_ids=(1, 2), token_logprobs=(-0.1, -0.1),
-                   top_logprobs=((TopLogprob(1, -0.1),), (TopLogprob(2, -0.1),)),
-                   token_texts=("a", "b"), finish_reason="length", text="ab")  # fmt: skip
+    g = Generation(
+        output_ids=(1, 2),
+        token_logprobs=(-0.1, -0.1),
+        top_logprobs=((TopLogprob(1, -0.1),), (TopLogprob(2, -0.1),)),
+        token_texts=("a", "b"),
+        finish_reason="length",
+        text="ab",
+    )
     answer = Outcome(g, None, 1, 0.01)
     same = compare_generations(g, g, 0.05)
-    result = PromptResult(entry=corpus.entries[0], candidate=same, aa=same,
-                          outcomes={"baseline": answer, "candidate": answer, "aa": answer})  # fmt: skip
+    result = PromptResult(
+        entry=corpus.entries[0],
+        candidate=same,
+        aa=same,
+        outcomes={"baseline": answer, "candidate": answer, "aa": answer},
+    )
     store.save_result(run_id, 0, result)
     verdict = decide(summarize(store.results(run_id), 1), policy.policy.gate)
     store.finish_run(run_id, "passed", verdict=verdict_to_json(verdict))
@@ -61,23 +70,29 @@ def in_private_mounts(script: str) -> subprocess.CompletedProcess:
         pytest.skip(reason)
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def full_tmpfs(path: Path) -> str:
     """sh: mount a 256 KiB tmpfs at ``path`` and fill it to the last block."""
     q = shlex.quote(str(path))
-    return (f"mkdir -p {q} && mount -t tmpfs -o size=256k tmpfs {q} "
-            f"&& {{ head -c 1M /dev/zero > {q}/fill 2>/dev/null; true; }}")  # fmt: skip
+    return (
+        f"mkdir -p {q} && mount -t tmpfs -o size=256k tmpfs {q} "
+        f"&& {{ head -c 1M /dev/zero > {q}/fill 2>/dev/null; true; }}"
+    )
 
 
 def test_a_full_out_dir_is_refused_before_the_replay(tmp_path: Path) -> None:
     corpus, policy = write_inputs(tmp_path, 3, health_deadline_s=1)
     out, db = tmp_path / "full", tmp_path / "runs.sqlite3"
-    cli = (f"{PY} -m kdtree_parity.cli run --baseline http://127.0.0.1:9 --candidate "
-           f"http://127.0.0.1:9 --corpus {corpus} --policy {policy} --out {out}/reports "
-           f"--db {db} --no-progress")  # fmt: skip
+    cli = (
+        f"{PY} -m kdtree_parity.cli run --baseline http://127.0.0.1:9 --candidate "
+        f"http://127.0.0.1:9 --corpus {corpus} --policy {policy} --out {out}/reports "
+        f"--db {db} --no-progress"
+    )
     done = in_private_mounts(full_tmpfs(out) + f" && {cli}; echo left: $(ls -A {out})")
     assert done.returncode == 0, done.stderr  # the echo's status; the CLI's is in stderr
     (line,) = done.stderr.strip().splitlines()

@@ -44,9 +44,26 @@ def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) ->
     baseline, candidate = shared_pair
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
-                   "--policy", policy, "--out", out, "--db", db, "--no-progress",
-                   "--baseline-image", "sha256:base", "--candidate-image", "sha256:cand")  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+        "--baseline-image",
+        "sha256:base",
+        "--candidate-image",
+        "sha256:cand",
+    )
     assert done.returncode == 0, done.stderr
     assert "verdict: PASS" in done.stdout
     report = only_report(out)
@@ -71,9 +88,24 @@ def test_faulty_candidate_fails_with_named_hard_divergences(
     candidate = reference_server(fault_layer=1, fault_scale=1.5)
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--replica", replica,
-                   "--corpus", corpus, "--policy", policy, "--out", out, "--db", db,
-                   "--no-progress")  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--replica",
+        replica,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+    )
     assert done.returncode == 1, done.stderr
     report = only_report(out)
     assert report["verdict"]["status"] == "fail"
@@ -102,8 +134,22 @@ def test_logprob_drift_catches_a_numerics_change_before_any_token_flips(
     candidate = reference_server(fault_layer=1, fault_scale=1.001)
     corpus, policy = write_inputs(tmp_path, 8, gate={"max_logprob_drift_p99": 0.0005})
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
-                   "--policy", policy, "--out", out, "--db", db, "--no-progress")  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+    )
     assert done.returncode == 1, done.stderr
     report = only_report(out)
     s = report["summary"]
@@ -122,10 +168,16 @@ def chromium() -> str:
 
 def check_html_in_chromium(html: Path, divergent_id: str, tmp_path: Path) -> None:
     flags = [
-        chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ]  # fmt: skip
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ]
     dom = subprocess.run(
         [*flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120
     )
@@ -208,9 +260,22 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         corpus, policy = write_inputs(tmp_path, 3, timeout_s=3, max_new_tokens=2)
         out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
         started = time.monotonic()
-        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
-                       corpus, "--policy", policy, "--out", out, "--db", db,
-                       "--no-progress")  # fmt: skip
+        done = run_cli(
+            "run",
+            "--baseline",
+            baseline,
+            "--candidate",
+            proxy.url,
+            "--corpus",
+            corpus,
+            "--policy",
+            policy,
+            "--out",
+            out,
+            "--db",
+            db,
+            "--no-progress",
+        )
         assert done.returncode == 0, done.stderr
         assert time.monotonic() - started > 3
         report = only_report(out)
@@ -223,9 +288,22 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         # 503 (overloaded/starting) is retried too: every first attempt gets one, all pass.
         proxy.slow_first, proxy.unavailable_first = 0, 1
         proxy.generate_bodies.clear()
-        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
-                       corpus, "--policy", policy, "--out", tmp_path / "out503", "--db", db,
-                       "--no-progress")  # fmt: skip
+        done = run_cli(
+            "run",
+            "--baseline",
+            baseline,
+            "--candidate",
+            proxy.url,
+            "--corpus",
+            corpus,
+            "--policy",
+            policy,
+            "--out",
+            tmp_path / "out503",
+            "--db",
+            db,
+            "--no-progress",
+        )
         assert done.returncode == 0, done.stderr
         report = only_report(tmp_path / "out503")
         attempts = [s["attempts"] for p in report["prompts"] for s in p["sides"]]
@@ -236,9 +314,22 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         proxy.slow_first = 10**6
         proxy.generate_bodies.clear()
         out2 = tmp_path / "out2"
-        done = run_cli("run", "--baseline", baseline, "--candidate", proxy.url, "--corpus",
-                       corpus, "--policy", policy, "--out", out2, "--db", db,
-                       "--no-progress")  # fmt: skip
+        done = run_cli(
+            "run",
+            "--baseline",
+            baseline,
+            "--candidate",
+            proxy.url,
+            "--corpus",
+            corpus,
+            "--policy",
+            policy,
+            "--out",
+            out2,
+            "--db",
+            db,
+            "--no-progress",
+        )
         assert done.returncode == 2, done.stderr
         report = only_report(out2)
         assert report["verdict"]["status"] == "error"
@@ -250,11 +341,29 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         # SIGTERM while requests hang: the CLI records the run as interrupted and exits 2.
         out3 = tmp_path / "out3"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
-             "--candidate", proxy.url, "--corpus", str(corpus), "--policy", str(policy),
-             "--out", str(out3), "--db", str(db), "--no-progress"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kdtree_parity.cli",
+                "run",
+                "--baseline",
+                baseline,
+                "--candidate",
+                proxy.url,
+                "--corpus",
+                str(corpus),
+                "--policy",
+                str(policy),
+                "--out",
+                str(out3),
+                "--db",
+                str(db),
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         store = Store(db)
         deadline = time.monotonic() + 60
         while not any(r.status == "running" and r.out_dir == str(out3) for r in store.list_runs()):
@@ -284,9 +393,22 @@ def test_shipped_short_policy_fails_a_perturbation_on_drift_alone_and_passes_the
     verdicts, why = {}, {}
     for name, candidate in (("op", op), ("perturbed", perturbed)):
         out = tmp_path / name
-        done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus",
-                       "short", "--policy", "short", "--out", out, "--db",
-                       tmp_path / "runs.sqlite3", "--no-progress")  # fmt: skip
+        done = run_cli(
+            "run",
+            "--baseline",
+            baseline,
+            "--candidate",
+            candidate,
+            "--corpus",
+            "short",
+            "--policy",
+            "short",
+            "--out",
+            out,
+            "--db",
+            tmp_path / "runs.sqlite3",
+            "--no-progress",
+        )
         report = only_report(out)
         why[name] = (report["verdict"]["reasons"], report["summary"], done.stderr[-2000:])
         assert report["summary"]["aa"]["drift"]["max"] == 0.0, why[name]

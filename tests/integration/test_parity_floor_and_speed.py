@@ -30,10 +30,25 @@ def servers(reference_server_module) -> dict[str, str]:
 
 
 def _gate(servers: dict[str, str], candidate: str, out: Path, *extra: str):
-    done = run_cli("run", "--baseline", servers["baseline"], "--candidate", servers[candidate],
-                   "--floor", servers["floor"], "--corpus", "short", "--policy", "short",
-                   "--out", out, "--db", out.parent / "runs.sqlite3", "--no-progress",
-                   *extra)  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        servers["baseline"],
+        "--candidate",
+        servers[candidate],
+        "--floor",
+        servers["floor"],
+        "--corpus",
+        "short",
+        "--policy",
+        "short",
+        "--out",
+        out,
+        "--db",
+        out.parent / "runs.sqlite3",
+        "--no-progress",
+        *extra,
+    )
     report = only_report(out)
     failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
     return done, report, failing

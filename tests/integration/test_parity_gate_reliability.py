@@ -50,9 +50,23 @@ def gate_run(tmp_path: Path, baseline: str, candidate: str, *extra: str):
     """One CLI run over the first PROMPTS prompts, min_prompts = all of them."""
     corpus, policy = write_inputs(tmp_path, PROMPTS)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
-                   "--policy", policy, "--out", out, "--db", db, "--no-progress",
-                   *extra)  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+        *extra,
+    )
     return done, out
 
 
@@ -141,8 +155,16 @@ def test_resume_refuses_a_different_build_unless_told_and_then_reports_it(
 
         # Another build behind the same address: a perturbed layer, and another image label.
         proxy.upstream = reference_server(fault_layer=1, fault_scale=1.2)
-        refused = run_cli("run", "--resume", run_id, "--db", db, "--no-progress",
-                          "--candidate-image", "sha256:two")  # fmt: skip
+        refused = run_cli(
+            "run",
+            "--resume",
+            run_id,
+            "--db",
+            db,
+            "--no-progress",
+            "--candidate-image",
+            "sha256:two",
+        )
         assert refused.returncode == 2, refused.stdout + refused.stderr
         message = refused.stderr.strip()
         assert "Traceback" not in message and "resume refused" in message
@@ -152,8 +174,9 @@ def test_resume_refuses_a_different_build_unless_told_and_then_reports_it(
         assert record.status == "error" and record.prompts_ok == done_before
         assert store.results(run_id) == stored_before  # nothing of the new build is stored
 
-        accepted = run_cli("run", "--resume", run_id, "--db", db, "--no-progress",
-                           "--accept-identity-change")  # fmt: skip
+        accepted = run_cli(
+            "run", "--resume", run_id, "--db", db, "--no-progress", "--accept-identity-change"
+        )
         assert accepted.returncode in (0, 1), accepted.stdout + accepted.stderr
         assert "resumed against a changed candidate" in accepted.stdout
         report = json.loads((tmp_path / "out" / run_id / "report.json").read_text())
@@ -179,12 +202,22 @@ def test_unwritable_outputs_stop_the_run_before_any_replay(
     blocker.write_text("not a directory\n")
     corpus, policy = write_inputs(tmp_path, PROMPTS)
     db = tmp_path / "runs.sqlite3"
-    common = ("--baseline", baseline, "--candidate", proxy.url, "--corpus", corpus,
-              "--policy", policy, "--no-progress")  # fmt: skip
+    common = (
+        "--baseline",
+        baseline,
+        "--candidate",
+        proxy.url,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--no-progress",
+    )
     try:
         bad_out = run_cli("run", *common, "--out", blocker / "out", "--db", db, timeout=60)
-        bad_db = run_cli("run", *common, "--out", tmp_path / "out", "--db", blocker / "db",
-                         timeout=60)  # fmt: skip
+        bad_db = run_cli(
+            "run", *common, "--out", tmp_path / "out", "--db", blocker / "db", timeout=60
+        )
     finally:
         proxy.close()
     for done, what in (
@@ -279,13 +312,33 @@ def test_resume_refuses_other_weights_after_the_sidecar_was_killed(
 
     proxy = ForwardingProxy(first, on_generate=kill_the_sidecar_at_the_fifth_request)
     try:
-        sidecar.append(subprocess.Popen(
-            [sys.executable, "-m", "kdtree_parity.cli", "run", "--baseline", baseline,
-             "--candidate", proxy.url, "--corpus", str(corpus), "--policy", str(policy),
-             "--out", str(out), "--db", str(db), "--no-progress",
-             "--candidate-image", "kdtree/inference:latest"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        ))  # fmt: skip
+        sidecar.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kdtree_parity.cli",
+                    "run",
+                    "--baseline",
+                    baseline,
+                    "--candidate",
+                    proxy.url,
+                    "--corpus",
+                    str(corpus),
+                    "--policy",
+                    str(policy),
+                    "--out",
+                    str(out),
+                    "--db",
+                    str(db),
+                    "--no-progress",
+                    "--candidate-image",
+                    "kdtree/inference:latest",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
         sidecar[0].communicate(timeout=300)
         assert sidecar[0].returncode == -signal.SIGKILL
         store = Store(db)
@@ -297,8 +350,16 @@ def test_resume_refuses_other_weights_after_the_sidecar_was_killed(
         store.close()
 
         proxy.upstream = reference_server(weights_dir=b)
-        refused = run_cli("run", "--resume", record.id, "--db", db, "--no-progress",
-                          "--candidate-image", "kdtree/inference:latest")  # fmt: skip
+        refused = run_cli(
+            "run",
+            "--resume",
+            record.id,
+            "--db",
+            db,
+            "--no-progress",
+            "--candidate-image",
+            "kdtree/inference:latest",
+        )
         assert refused.returncode == 2, refused.stdout + refused.stderr
         resuming, line = refused.stderr.strip().splitlines()  # the refusal is one line
         assert resuming.startswith(f"resuming run {record.id}: ")
@@ -348,8 +409,9 @@ def test_resume_refuses_a_target_whose_build_cannot_be_verified(
             raw.execute("UPDATE runs SET status='error' WHERE id=?", (run_id,))
         raw.close()
         store.close()
-        refused = run_cli("run", "--resume", run_id, "--db", tmp_path / "runs.sqlite3",
-                          "--no-progress")  # fmt: skip
+        refused = run_cli(
+            "run", "--resume", run_id, "--db", tmp_path / "runs.sqlite3", "--no-progress"
+        )
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert (
             "(candidate: cannot be verified: its /model_info has no weights digest"

@@ -38,14 +38,29 @@ def perturbed(reference_server_module) -> str:
     return reference_server_module(fault_layer=1, fault_scale=1.001)
 
 
-def gate_run(tmp_path: Path, baseline: str, candidate: str, gate: dict | None = None,
-             corpus_extra: str = ""):  # fmt: skip
+def gate_run(
+    tmp_path: Path, baseline: str, candidate: str, gate: dict | None = None, corpus_extra: str = ""
+):
     corpus, policy = write_inputs(tmp_path, PROMPTS, gate=gate)
     if corpus_extra:
         corpus.write_text(corpus.read_text() + corpus_extra)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli("run", "--baseline", baseline, "--candidate", candidate, "--corpus", corpus,
-                   "--policy", policy, "--out", out, "--db", db, "--no-progress")  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+    )
     return done, out, db
 
 
@@ -199,8 +214,9 @@ def test_a_load_balancer_refusal_is_retried_after_its_retry_after(
     pair: tuple[str, str], status: int
 ) -> None:
     """Before: a 429 or a 502 was the candidate's final answer (an error, FAIL) at once."""
-    proxy = ForwardingProxy(pair[1], unavailable_first=1, unavailable_status=status,
-                            retry_after="1")  # fmt: skip
+    proxy = ForwardingProxy(
+        pair[1], unavailable_first=1, unavailable_status=status, retry_after="1"
+    )
     try:
         outcome = generate_once(proxy.url)
     finally:
@@ -214,8 +230,9 @@ def test_a_load_balancer_refusal_is_retried_after_its_retry_after(
 def test_retry_after_is_bounded_and_a_persistent_refusal_still_counts(
     pair: tuple[str, str],
 ) -> None:
-    proxy = ForwardingProxy(pair[1], unavailable_first=100, unavailable_status=502,
-                            retry_after="3600")  # fmt: skip
+    proxy = ForwardingProxy(
+        pair[1], unavailable_first=100, unavailable_status=502, retry_after="3600"
+    )
     try:
         outcome = generate_once(proxy.url, max_retry_delay_s=0.3)
     finally:

@@ -30,8 +30,7 @@ def at_resolution(table: dict) -> list[str]:
     for kind, per_size in table["resolution"].items():
         size = per_size[str(PROMPTS)]["smallest_detected"]
         assert size is not None, f"the committed table detects no {kind} fault at {PROMPTS}"
-        [name] = {c["candidate"] for c in table["cells"]
-                  if c["kind"] == kind and c["size"] == size}  # fmt: skip
+        [name] = {c["candidate"] for c in table["cells"] if c["kind"] == kind and c["size"] == size}
         faults.append(name)
     return faults
 
@@ -41,8 +40,9 @@ def test_small_grid_matches_the_committed_table(tmp_path):
     assert PROMPTS in committed["corpus_sizes"] and committed["policy"]["min_prompts"] == PROMPTS
     faults = at_resolution(committed)
     assert {f.split(":")[0] for f in faults} == {"scale", "weight", "kv_drop", "tree_mask"}
-    table = parity_resolution.measure(faults, [PROMPTS], tmp_path / "res", "short",
-                                      log=lambda _: None, pack_raw=False)  # fmt: skip
+    table = parity_resolution.measure(
+        faults, [PROMPTS], tmp_path / "res", "short", log=lambda _: None, pack_raw=False
+    )
     cells = {c["candidate"]: c for c in table["cells"]}
     assert cells["identical"]["verdict"] == "pass"
     assert cells["identical"]["figures"]["drift_max"] == 0.0
@@ -59,8 +59,9 @@ def test_small_grid_matches_the_committed_table(tmp_path):
     raw = tmp_path / "res" / "raw"
     [report] = (raw / "runs" / "identical_12").glob("*/report.json")
     run_id = json.loads(report.read_text())["run"]["id"]
-    shown = run_cli("report", run_id, "--db", raw / "runs.sqlite3", "--format", "md",
-                    "--resolution", COMMITTED)  # fmt: skip
+    shown = run_cli(
+        "report", run_id, "--db", raw / "runs.sqlite3", "--format", "md", "--resolution", COMMITTED
+    )
     assert shown.returncode == 0, shown.stderr
     assert "## Resolution (smallest fault detected)" in shown.stdout
     assert "the 12-prompt row applies" in shown.stdout

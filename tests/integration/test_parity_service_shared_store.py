@@ -56,11 +56,14 @@ def test_two_services_share_one_store(reference_server, tmp_path: Path) -> None:
         second.wait()
         # Both asked at once for the same pair (the 203-prompt corpus, on the slow candidate).
         with ThreadPoolExecutor(2) as pool:
-            answers = list(pool.map(
-                lambda url: httpx.post(url + "/runs", json={"corpus": "default"}, headers=AUTH,
-                                       timeout=60),
-                [first.url, second.url],
-            ))  # fmt: skip
+            answers = list(
+                pool.map(
+                    lambda url: httpx.post(
+                        url + "/runs", json={"corpus": "default"}, headers=AUTH, timeout=60
+                    ),
+                    [first.url, second.url],
+                )
+            )
         statuses = sorted(a.status_code for a in answers)
         assert statuses == [202, 409], [a.text for a in answers]
         winner = next(a for a in answers if a.status_code == 202).json()["id"]

@@ -270,8 +270,10 @@ def test_failing_gate_tags_nothing_and_says_why(reference_server, stage) -> None
     record = json.loads(record_file.read_text())
     assert record_file.name.startswith("0001-refused-")
     assert (record["action"], record["gate"]["verdict"], record["stable_digest"]) == (
-        "refused", "fail", None,
-    )  # fmt: skip
+        "refused",
+        "fail",
+        None,
+    )
     assert record["gate"]["report_sha256"] == _sha256(report)
     assert any("hard_divergences" in reason for reason in record["gate"]["reasons"])
     assert any(c[0] == "compose" and "down" in c for c in sandbox.calls())

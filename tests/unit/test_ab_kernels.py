@@ -27,9 +27,13 @@ def clone(tmp_path: Path) -> Path:
 
 def _ab(clone: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], cwd=clone, capture_output=True, text=True,
-        env={**os.environ, **env}, timeout=120,
-    )  # fmt: skip
+        ["bash", str(SCRIPT), *args],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
 
 
 def test_prepare_copies_the_kernel_at_a_ref(clone: Path) -> None:

@@ -238,8 +238,10 @@ def _draft_block_tokens(w, config, embed, lm_head, bonuses, k_ctx, v_ctx) -> tor
     residual = (hidden.float() + out.float()).to(torch.bfloat16)
     h = _rms(residual, w["layers.0.post_attention_layernorm.weight"])
     gate = torch.nn.functional.silu(_mm(h, w[m + "gate_proj.weight"]).float())
-    mlp = _mm((gate * _mm(h, w[m + "up_proj.weight"]).float()).to(torch.bfloat16),
-              w[m + "down_proj.weight"])  # fmt: skip
+    mlp = _mm(
+        (gate * _mm(h, w[m + "up_proj.weight"]).float()).to(torch.bfloat16),
+        w[m + "down_proj.weight"],
+    )
     final = _rms(mlp.float() + residual.float(), w["norm.weight"]).view(batch, block, -1)
     return (final[:, 1:].float() @ lm_head.float().T).argmax(-1)
 
@@ -269,12 +271,19 @@ def test_draft_weights_have_dflash_s_names_and_shapes(tiny_draft) -> None:
     expected = {
         "layers.0.input_layernorm.weight": (h,),
         "layers.0.post_attention_layernorm.weight": (h,),
-        a + "q_proj.weight": (h, h), a + "k_proj.weight": (h, h), a + "v_proj.weight": (h, h),
-        a + "o_proj.weight": (h, h), a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,),
-        m + "gate_proj.weight": (inter, h), m + "up_proj.weight": (inter, h),
+        a + "q_proj.weight": (h, h),
+        a + "k_proj.weight": (h, h),
+        a + "v_proj.weight": (h, h),
+        a + "o_proj.weight": (h, h),
+        a + "q_norm.weight": (hd,),
+        a + "k_norm.weight": (hd,),
+        m + "gate_proj.weight": (inter, h),
+        m + "up_proj.weight": (inter, h),
         m + "down_proj.weight": (h, inter),
-        "norm.weight": (h,), "fc.weight": (h, h), "hidden_norm.weight": (h,),
-    }  # fmt: skip
+        "norm.weight": (h,),
+        "fc.weight": (h, h),
+        "hidden_norm.weight": (h,),
+    }
     assert {n: tuple(t.shape) for n, t in w.items()} == expected
     assert not any("embed" in n or "lm_head" in n for n in w)  # borrowed from the target
 
@@ -366,7 +375,11 @@ def test_perturb_writes_one_layer_moved_by_the_relative_size(tmp_path, tiny) -> 
     assert changed and all(n.startswith("model.layers.1.") for n in changed)
     assert config["kdtree_model"]["perturb"]["realized"] == pytest.approx(0.02, rel=0.05)
     # Far below bf16's step, most of the noise rounds away: the realized size says so.
-    small = make_model.perturbed(make_model.model_weights(make_model.model_config("tiny"), 0),
-                                 make_model.model_config("tiny"), 0, 1e-4)[1]  # fmt: skip
+    small = make_model.perturbed(
+        make_model.model_weights(make_model.model_config("tiny"), 0),
+        make_model.model_config("tiny"),
+        0,
+        1e-4,
+    )[1]
     assert small < 0.5e-4
     assert make_model.main([str(tmp_path / "m"), "--perturb", "9:0.1"]) == 2

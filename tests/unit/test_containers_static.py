@@ -115,8 +115,12 @@ def test_parity_waits_for_both_servers_to_be_healthy() -> None:
 
 
 def test_gpu_reservations_only_where_sglang_runs() -> None:
-    env = {"KDTREE_BASELINE_GPUS": "2,3", "KDTREE_CANDIDATE_GPUS": "4,5", "KDTREE_GPUS": "6",
-           "KDTREE_FLOOR_GPUS": "7"}  # fmt: skip
+    env = {
+        "KDTREE_BASELINE_GPUS": "2,3",
+        "KDTREE_CANDIDATE_GPUS": "4,5",
+        "KDTREE_GPUS": "6",
+        "KDTREE_FLOOR_GPUS": "7",
+    }
     services = load_compose(env)["services"]
     with_gpu = {name for name, s in services.items() if gpu_devices(s)}
     assert with_gpu == SGLANG_SERVICES
@@ -432,9 +436,10 @@ def test_reference_engine_accepts_the_demo_commands() -> None:
     from kdtree_inference.engine.server import build_parser, config_from_args
 
     services = load_compose()["services"]
-    for args in (*(command_args(services[n]) for n in ("demo-baseline", "demo-candidate",
-                                                       "demo-floor")),
-                 _dockerfile_cmd("demo")):  # fmt: skip
+    for args in (
+        *(command_args(services[n]) for n in ("demo-baseline", "demo-candidate", "demo-floor")),
+        _dockerfile_cmd("demo"),
+    ):
         config_from_args(_parse(build_parser(), args, "kdtree-engine"))
 
 

@@ -54,8 +54,13 @@ def verify_forward(seed: int = 0):
         out_cache_loc=torch.zeros(total, dtype=torch.int64),
         max_extend_len=N,
     )
-    args = (torch.randn(total, HEADS, 576, generator=gen), k_extend, k_extend[..., :512].clone(),
-            k_buffer, k_buffer[..., :512])  # fmt: skip
+    args = (
+        torch.randn(total, HEADS, 576, generator=gen),
+        k_extend,
+        k_extend[..., :512].clone(),
+        k_buffer,
+        k_buffer[..., :512],
+    )
     requests = [(b * N, N, kv_indices[b].tolist(), visibles[b]) for b in range(len(PREFIXES))]
     return args, meta, requests
 
@@ -69,9 +74,22 @@ def test_specs_parse_and_malformed_ones_are_refused():
     assert parse_fault("tree_mask:0").index == 0
     for spec in ("scale:0.001", "weight:1:0.0001:0", "kv_drop:16", "tree_mask:3"):
         assert parse_fault(spec).describe() == spec
-    for bad in ("bogus", "scale", "scale:x", "scale:0", "scale:-1", "scale:nan", "kv_drop:-1",
-                "kv_drop:1.5", "tree_mask:", "weight:1", "weight:-1:0.1", "weight:1:0",
-                "weight:1:inf", "scale:0.1:2"):  # fmt: skip
+    for bad in (
+        "bogus",
+        "scale",
+        "scale:x",
+        "scale:0",
+        "scale:-1",
+        "scale:nan",
+        "kv_drop:-1",
+        "kv_drop:1.5",
+        "tree_mask:",
+        "weight:1",
+        "weight:-1:0.1",
+        "weight:1:0",
+        "weight:1:inf",
+        "scale:0.1:2",
+    ):
         with pytest.raises(FaultSpecError, match="KDTREE_INJECT_FAULT"):
             parse_fault(bad)
 
@@ -100,8 +118,10 @@ def test_kv_drop_masks_that_row_out_where_the_prefix_holds_it(position):
     args, meta, requests = verify_forward()
     fault = parse_fault(f"kv_drop:{position}")
     faulty = FaultyAttentionBackend("reference", "cpu", fault)(*args, meta, SCALE)
-    dropped = [(s, n, [x for i, x in enumerate(slots) if i != position], vis)
-               for s, n, slots, vis in requests]  # fmt: skip
+    dropped = [
+        (s, n, [x for i, x in enumerate(slots) if i != position], vis)
+        for s, n, slots, vis in requests
+    ]
     torch.testing.assert_close(faulty, dense_attention(*args, dropped, SCALE), atol=2e-5, rtol=0)
     stock = AttentionBackend("reference", "cpu")(*args, meta, SCALE)
     for b, prefix in enumerate(PREFIXES):
@@ -144,8 +164,9 @@ def test_weight_fault_perturbs_one_layer_by_the_relative_size():
     again = faulty_weights(weights, parse_fault("weight:1:0.001"))
     assert all(torch.equal(again[k], faulty[k]) for k in weights)  # seeded
     other_seed = faulty_weights(weights, parse_fault("weight:1:0.001:1"))
-    assert not torch.equal(other_seed["model.layers.1.mlp.up_proj.weight"],
-                           faulty["model.layers.1.mlp.up_proj.weight"])  # fmt: skip
+    assert not torch.equal(
+        other_seed["model.layers.1.mlp.up_proj.weight"], faulty["model.layers.1.mlp.up_proj.weight"]
+    )
 
 
 def _greedy(fault: Fault | None) -> list[float]:
@@ -153,8 +174,9 @@ def _greedy(fault: Fault | None) -> list[float]:
     engine.start()
     try:
         engine.wait_ready()
-        (result,) = engine.generate_greedy(["The quick brown fox"], 12, top_logprobs_num=1,
-                                           timeout=300)  # fmt: skip
+        (result,) = engine.generate_greedy(
+            ["The quick brown fox"], 12, top_logprobs_num=1, timeout=300
+        )
     finally:
         engine.stop()
     return [lp for lp, _ in result.output_token_logprobs]
@@ -174,8 +196,10 @@ def test_server_refuses_a_malformed_fault_in_one_line():
     proc = subprocess.run(
         [sys.executable, "-m", "kdtree_inference.engine", "--port", "0"],
         env={**__import__("os").environ, "KDTREE_INJECT_FAULT": "scale:abc"},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "KDTREE_INJECT_FAULT='scale:abc'" in proc.stderr

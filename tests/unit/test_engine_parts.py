@@ -103,10 +103,13 @@ def test_drafter_tops_up_an_empty_context() -> None:
 def test_engine_returns_every_kv_slot(engine: Engine) -> None:
     free_before = engine.pool.num_free
     futures = [
-        engine.submit(GenerationRequest(rid=str(i), input_ids=engine.tokenizer.encode(t),
-                                        max_new_tokens=20, temperature=0.0))
+        engine.submit(
+            GenerationRequest(
+                rid=str(i), input_ids=engine.tokenizer.encode(t), max_new_tokens=20, temperature=0.0
+            )
+        )
         for i, t in enumerate(prompts(5))
-    ]  # fmt: skip
+    ]
     for f in futures:
         f.result(timeout=120)
     assert engine.pool.num_free == free_before == engine.config.kv_pool_size - 1
@@ -267,8 +270,13 @@ def test_fault_layer_and_fault_scale_go_together() -> None:
 def test_an_aborted_request_stops_and_gives_its_slots_back(engine: Engine) -> None:
     free_before = engine.pool.num_free
     steps: list[int] = []
-    req = GenerationRequest(rid="gone", input_ids=[BOS_ID, 72], max_new_tokens=1000,
-                            ignore_eos=True, on_progress=lambda res: steps.append(len(res.output_ids)))  # fmt: skip
+    req = GenerationRequest(
+        rid="gone",
+        input_ids=[BOS_ID, 72],
+        max_new_tokens=1000,
+        ignore_eos=True,
+        on_progress=lambda res: steps.append(len(res.output_ids)),
+    )
     future = engine.submit(req)
     deadline = time.monotonic() + 60
     while not steps:

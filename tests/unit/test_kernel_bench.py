@@ -17,13 +17,23 @@ import kernel_bench
 
 def _record(shape: tuple[int, int, int, int]) -> dict:
     B, H, T, P = shape
-    return {"B": B, "H": H, "T": T, "prefix": P, "kdtree_us": 10.0, "ideal_us": 20.0,
-            "roofline_efficiency": 0.5}  # fmt: skip
+    return {
+        "B": B,
+        "H": H,
+        "T": T,
+        "prefix": P,
+        "kdtree_us": 10.0,
+        "ideal_us": 20.0,
+        "roofline_efficiency": 0.5,
+    }
 
 
 def _part(path: Path, shapes, complete: bool = True) -> str:
-    result = {"ceilings": {"copy_TBps": 4.2, "matmul_TFLOPs": 800.0}, "complete": complete,
-              "records": [_record(s) for s in shapes]}  # fmt: skip
+    result = {
+        "ceilings": {"copy_TBps": 4.2, "matmul_TFLOPs": 800.0},
+        "complete": complete,
+        "records": [_record(s) for s in shapes],
+    }
     path.write_text(json.dumps(result))
     return str(path)
 

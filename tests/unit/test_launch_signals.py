@@ -87,10 +87,14 @@ def test_outside_the_main_thread_it_is_a_plain_block() -> None:
 
 def test_stop_process_kills_a_child_that_ignores_sigterm() -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "up"  # its SIGTERM handler is in place
     start = time.monotonic()
     stop_process(child, timeout=1)

@@ -24,11 +24,18 @@ COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "sglang_
 def speed_record(spec: ServerSpec, configuration: str, batch: int, prompt_len: int, tok_s: float):
     """A record as sglang_e2e.py writes it, built with its own functions."""
     samples = [
-        {"tokens_per_s": tok_s + d, "step_ms": 5.0, "accept_length": 3.1, "wall_s": 0.4,
-         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": prompt_len - 1,
-         "output_ids_head": [3, 4]}
+        {
+            "tokens_per_s": tok_s + d,
+            "step_ms": 5.0,
+            "accept_length": 3.1,
+            "wall_s": 0.4,
+            "verify_steps_max": 80,
+            "generated_tokens": 256,
+            "cached_tokens_min": prompt_len - 1,
+            "output_ids_head": [3, 4],
+        }
         for d in (-10.0, 0.0, 10.0)
-    ]  # fmt: skip
+    ]
     record = {"batch": batch, "prompt_len": prompt_len, "new_tokens": 256}
     record.update(sglang_e2e.shape_record(samples, {"prefill_s": 0.1, "warmup_s": 0.2}, [0, 1, 0]))
     record.update(

@@ -327,8 +327,19 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> None:
     corpus = tmp_path / "bad.jsonl"
     corpus.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
-    done = run_cli("run", "--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9",
-                   "--corpus", str(corpus), "--policy", "short", "--db", str(tmp_path / "db"))  # fmt: skip
+    done = run_cli(
+        "run",
+        "--baseline",
+        "http://127.0.0.1:9",
+        "--candidate",
+        "http://127.0.0.1:9",
+        "--corpus",
+        str(corpus),
+        "--policy",
+        "short",
+        "--db",
+        str(tmp_path / "db"),
+    )
     assert done.returncode == 2
     assert f"{corpus}:2: duplicate id 'a' (first on line 1)" in done.stderr
 
@@ -362,8 +373,17 @@ def test_cli_refuses_with_one_line_and_exit_2(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert message in done.stderr and "Traceback" not in done.stderr
     # A resume is the stored run: targets, corpus, policy or out dir beside it are refused.
-    done = run_cli("run", "--resume", "r1", "--candidate", "http://127.0.0.1:9",
-                   "--policy", "short", "--db", str(db))  # fmt: skip
+    done = run_cli(
+        "run",
+        "--resume",
+        "r1",
+        "--candidate",
+        "http://127.0.0.1:9",
+        "--policy",
+        "short",
+        "--db",
+        str(db),
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "cannot resume r1 with --candidate, --policy: a resume replays the stored run's "
@@ -427,10 +447,22 @@ def test_built_wheel_ships_corpora_policies_and_templates(tmp_path: Path) -> Non
 
     root = Path(__file__).resolve().parents[2]
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(root / "services" / "parity"), "-w", str(tmp_path / "wheel")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(root / "services" / "parity"),
+            "-w",
+            str(tmp_path / "wheel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("kdtree_parity-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")

@@ -21,12 +21,16 @@ TABLE = {
     "corpus_sizes": [12, 24],
     "cells": [],
     "resolution": {
-        "scale": {"12": {"smallest_detected": 0.001, "largest_missed": 0.0001},
-                  "24": {"smallest_detected": 0.0002, "largest_missed": 0.0001}},
-        "kv_drop": {"12": {"smallest_detected": None, "largest_missed": 16},
-                    "24": {"smallest_detected": 32, "largest_missed": 48}},
+        "scale": {
+            "12": {"smallest_detected": 0.001, "largest_missed": 0.0001},
+            "24": {"smallest_detected": 0.0002, "largest_missed": 0.0001},
+        },
+        "kv_drop": {
+            "12": {"smallest_detected": None, "largest_missed": 16},
+            "24": {"smallest_detected": 32, "largest_missed": 48},
+        },
     },
-}  # fmt: skip
+}
 
 
 @pytest.fixture

@@ -127,8 +127,9 @@ def test_large_bodies_are_413_and_errors_never_echo_much(client: TestClient) -> 
     huge = "p" * (20 << 20)
     resp = client.post("/runs", json={"pair": huge}, headers=auth)
     assert resp.status_code == 413 and len(resp.content) < 200
-    chunked = client.post("/runs", content=iter([b'{"pair": "', b"x" * (2 << 20), b'"}']),
-                          headers=auth)  # fmt: skip
+    chunked = client.post(
+        "/runs", content=iter([b'{"pair": "', b"x" * (2 << 20), b'"}']), headers=auth
+    )
     assert chunked.status_code == 413, chunked.text[:200]
     resp = client.post("/runs", json={"pair": "q" * 10_000}, headers=auth)
     assert resp.status_code == 404 and len(resp.content) < 300

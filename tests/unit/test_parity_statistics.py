@@ -176,8 +176,9 @@ def test_speed_without_timings_falls_back_to_elapsed_time() -> None:
 
 
 def test_timing_is_read_as_sglang_sends_it() -> None:
-    assert parse_timing({"e2e_latency": 2.0, "first_token_latency": 0.5,
-                         "decode_throughput": 40.0}, 31) == Timing(2.0, 0.5, 40.0, "decode_throughput")  # fmt: skip
+    assert parse_timing(
+        {"e2e_latency": 2.0, "first_token_latency": 0.5, "decode_throughput": 40.0}, 31
+    ) == Timing(2.0, 0.5, 40.0, "decode_throughput")
     derived = parse_timing({"e2e_latency": 2.0, "first_token_latency": 0.5}, 31)
     assert derived.decode_tps == pytest.approx(20.0) and derived.decode_source == "latencies"
     plain = parse_timing({"e2e_latency": 2.0}, 30)  # SGLang without --enable-metrics

@@ -185,12 +185,16 @@ def test_a_run_from_another_host_without_heartbeat_reads_as_interrupted(tmp_path
     fresh, stale = new_run(store, ["a"]), new_run(store, ["a"])
     raw = sqlite3.connect(db)
     with raw:  # as if two containers (other hosts, pid namespaces) own them; one went silent
-        raw.execute("UPDATE runs SET owner_host='container-1', owner_ns='elsewhere',"
-                    " owner_id='other', lease_expires_at=? WHERE id=?",
-                    (time.time() + 30, fresh))  # fmt: skip
-        raw.execute("UPDATE runs SET owner_host='container-2', owner_ns='elsewhere',"
-                    " owner_id='other', lease_expires_at=? WHERE id=?",
-                    (time.time() - 5, stale))  # fmt: skip
+        raw.execute(
+            "UPDATE runs SET owner_host='container-1', owner_ns='elsewhere',"
+            " owner_id='other', lease_expires_at=? WHERE id=?",
+            (time.time() + 30, fresh),
+        )
+        raw.execute(
+            "UPDATE runs SET owner_host='container-2', owner_ns='elsewhere',"
+            " owner_id='other', lease_expires_at=? WHERE id=?",
+            (time.time() - 5, stale),
+        )
     raw.close()
     assert store.get_run(fresh).status == "running"
     with pytest.raises(ValueError, match="still running"):
@@ -215,8 +219,11 @@ def test_a_pair_runs_once_across_stores_and_a_lost_lease_stops_writes(tmp_path: 
     start_run(second, corpus, policy, targets)  # CLI runs are not exclusive
     raw = sqlite3.connect(db)
     with raw:  # the owner stalls past its lease, in another pid namespace
-        raw.execute("UPDATE runs SET owner_ns='elsewhere', owner_id='stalled',"
-                    " lease_expires_at=? WHERE id=?", (time.time() - 1, run_id))  # fmt: skip
+        raw.execute(
+            "UPDATE runs SET owner_ns='elsewhere', owner_id='stalled',"
+            " lease_expires_at=? WHERE id=?",
+            (time.time() - 1, run_id),
+        )
     raw.close()
     taken = start_run(second, corpus, policy, targets, pair="gpu0", exclusive=True)
     assert first.get_run(run_id).status == "interrupted"
@@ -290,8 +297,9 @@ def test_read_only_stores_create_nothing_and_refuse_what_is_not_a_run_database(
     run_id = new_run(writer, ["a"])
     raw = sqlite3.connect(db)
     with raw:
-        raw.execute("UPDATE runs SET owner_ns='elsewhere', lease_expires_at=0 WHERE id=?",
-                    (run_id,))  # fmt: skip
+        raw.execute(
+            "UPDATE runs SET owner_ns='elsewhere', lease_expires_at=0 WHERE id=?", (run_id,)
+        )
     raw.close()
     reader = Store(db, read_only=True)
     assert reader.get_run(run_id).status == "interrupted"  # shown as what it is ...
@@ -329,10 +337,21 @@ def test_report_comparison_nulls_infinite_gaps_and_keeps_drift() -> None:
     from kdtree_parity.report.schema import ComparisonModel
 
     pc = PairComparison(
-        exact=False, common_prefix_len=3, first_divergence=3, divergence_class="hard",
-        divergence_reason="gap", len_a=8, len_b=8, finish_a="length", finish_b="length",
-        token_a=5, token_b=6, gap_a=float("-inf"), gap_b=0.25, drift_values=(0.5, 0.25, 0.0),
-    )  # fmt: skip
+        exact=False,
+        common_prefix_len=3,
+        first_divergence=3,
+        divergence_class="hard",
+        divergence_reason="gap",
+        len_a=8,
+        len_b=8,
+        finish_a="length",
+        finish_b="length",
+        token_a=5,
+        token_b=6,
+        gap_a=float("-inf"),
+        gap_b=0.25,
+        drift_values=(0.5, 0.25, 0.0),
+    )
     model = ComparisonModel.model_validate(pc, from_attributes=True)
     assert model.gap_a is None and model.gap_b == 0.25
     assert (model.drift.count, model.drift.max) == (3, 0.5)
@@ -363,15 +382,17 @@ def test_answers_missing_logprobs_are_malformed_when_judged() -> None:
     entry = CorpusEntry(id="x", text="x", line=1)
     base = generation([1, 2, 3])
     hidden = replace(base, token_logprobs=(-0.1, float("-inf"), float("-inf")))
-    judged = build_prompt_result(entry, {"baseline": ok(base), "candidate": ok(hidden),
-                                         "aa": ok(hidden)}, 0.05)  # fmt: skip
+    judged = build_prompt_result(
+        entry, {"baseline": ok(base), "candidate": ok(hidden), "aa": ok(hidden)}, 0.05
+    )
     for role in ("candidate", "aa"):
         error = judged.outcomes[role].error
         assert error is not None and error.kind == "malformed", role
         assert "2 of 3 chosen-token logprobs are missing" in error.message
     assert judged.candidate is None and judged.aa is None and judged.has_error
-    fine = build_prompt_result(entry, {"baseline": ok(base), "candidate": ok(base),
-                                       "aa": ok(base)}, 0.05)  # fmt: skip
+    fine = build_prompt_result(
+        entry, {"baseline": ok(base), "candidate": ok(base), "aa": ok(base)}, 0.05
+    )
     assert not fine.has_error and fine.candidate is not None and fine.candidate.exact
 
 
@@ -407,9 +428,14 @@ def test_stored_runs_holding_nan_or_an_infinite_threshold_still_report(tmp_path:
         json.loads(report_json(report))
         render_html(report)
         assert "Stored policy refused" in render_markdown(inf_report)
-    settings = ServiceSettings(token="t", pairs={"default": targets}, corpus="short",
-                               policy="short", db=str(tmp_path / "runs.sqlite3"),
-                               out=str(tmp_path / "out"))  # fmt: skip
+    settings = ServiceSettings(
+        token="t",
+        pairs={"default": targets},
+        corpus="short",
+        policy="short",
+        db=str(tmp_path / "runs.sqlite3"),
+        out=str(tmp_path / "out"),
+    )
     with TestClient(create_app(settings)) as client:
         for run_id in (nan_run, inf_run):
             assert client.get(f"/runs/{run_id}/report.json").status_code == 200

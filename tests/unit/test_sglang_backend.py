@@ -84,9 +84,15 @@ class Pair:
     def batches(self, prefixes=PREFIXES, seed: int = 1):
         def make(runner):
             return testing.make_verify_batch(
-                runner, prefixes, DRAFT, HEADS, LAYERS, mask=self.mask, seed=seed,
+                runner,
+                prefixes,
+                DRAFT,
+                HEADS,
+                LAYERS,
+                mask=self.mask,
+                seed=seed,
                 forward=self.forward,
-            )  # fmt: skip
+            )
 
         return make(self.stock_runner), make(self.ours_runner)
 

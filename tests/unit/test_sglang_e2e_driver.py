@@ -76,9 +76,13 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
 
 def test_dflash_and_fp8_flags_are_sglang_s() -> None:
     spec = ServerSpec(
-        "d", "on", Path("/m"), speculation="dflash", draft=Path("/drafts/d16"),
+        "d",
+        "on",
+        Path("/m"),
+        speculation="dflash",
+        draft=Path("/drafts/d16"),
         kv_dtype="fp8_e4m3",
-    )  # fmt: skip
+    )
     flags = spec.flags(30003)
     assert flags[flags.index("--speculative-algorithm") + 1] == "DFLASH"
     assert flags[flags.index("--speculative-draft-model-path") + 1] == "/drafts/d16"
@@ -134,16 +138,37 @@ def test_every_server_warms_up_before_any_timing_and_is_timed_repeats_times() ->
 
 def test_records_report_the_median_with_min_and_max() -> None:
     samples = [
-        {"tokens_per_s": 500.0, "step_ms": 5.0, "accept_length": 3.0, "wall_s": 0.5,
-         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": 1023,
-         "output_ids_head": [5, 6]},
-        {"tokens_per_s": 700.0, "step_ms": 4.0, "accept_length": 3.0, "wall_s": 0.4,
-         "verify_steps_max": 80, "generated_tokens": 256, "cached_tokens_min": 1022,
-         "output_ids_head": [5, 6]},
-        {"tokens_per_s": 600.0, "step_ms": None, "accept_length": None, "wall_s": 0.45,
-         "verify_steps_max": 0, "generated_tokens": 256, "cached_tokens_min": 1023,
-         "output_ids_head": [5, 7]},
-    ]  # fmt: skip
+        {
+            "tokens_per_s": 500.0,
+            "step_ms": 5.0,
+            "accept_length": 3.0,
+            "wall_s": 0.5,
+            "verify_steps_max": 80,
+            "generated_tokens": 256,
+            "cached_tokens_min": 1023,
+            "output_ids_head": [5, 6],
+        },
+        {
+            "tokens_per_s": 700.0,
+            "step_ms": 4.0,
+            "accept_length": 3.0,
+            "wall_s": 0.4,
+            "verify_steps_max": 80,
+            "generated_tokens": 256,
+            "cached_tokens_min": 1022,
+            "output_ids_head": [5, 6],
+        },
+        {
+            "tokens_per_s": 600.0,
+            "step_ms": None,
+            "accept_length": None,
+            "wall_s": 0.45,
+            "verify_steps_max": 0,
+            "generated_tokens": 256,
+            "cached_tokens_min": 1023,
+            "output_ids_head": [5, 7],
+        },
+    ]
     summary = sglang_e2e.summarize(samples)
     assert summary["repeats"] == 3
     assert (summary["tokens_per_s"], summary["tokens_per_s_min"], summary["tokens_per_s_max"]) == (
@@ -190,9 +215,15 @@ def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsy
 
 def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
     specs = sglang_e2e.speed_specs(
-        Path("/m"), ["off", "on"], 0.2, (), speculation="dflash", draft=Path("/d"),
-        kv_dtype="fp8_e4m3", cuda_graphs=False,
-    )  # fmt: skip
+        Path("/m"),
+        ["off", "on"],
+        0.2,
+        (),
+        speculation="dflash",
+        draft=Path("/d"),
+        kv_dtype="fp8_e4m3",
+        cuda_graphs=False,
+    )
     assert {(s.spec, s.kv_dtype, s.draft, s.block_size) for s in specs} == {
         ("dflash", "fp8_e4m3", Path("/d"), 16)
     }

@@ -35,8 +35,12 @@ def run_on(fault: str | None, scaling: float = SCALING):
     backend). Every call builds the same pool and batch (seeded)."""
     runner = testing.make_model_runner(num_heads=HEADS, num_draft=DRAFT)
     settings = VerifySettings(mode=VerifyMode.ON, fault=parse_fault(fault))
-    backend = testing.make_backend(KdtreeTritonAttnBackend, runner, kdtree_settings=settings,
-                                   kdtree_registry=CollectorRegistry())  # fmt: skip
+    backend = testing.make_backend(
+        KdtreeTritonAttnBackend,
+        runner,
+        kdtree_settings=settings,
+        kdtree_registry=CollectorRegistry(),
+    )
     batch = testing.make_verify_batch(runner, PREFIXES, DRAFT, HEADS, [LAYER])
     backend.init_forward_metadata(batch.forward_batch)
     layer = testing.make_layer(LAYER, HEADS, scaling=scaling)
@@ -63,9 +67,14 @@ def expected(batch, backend, scaling=SCALING, drop: int | None = None, extra_row
             visible[extra_row, first_hidden(visible, extra_row)] = True
         requests.append((b * DRAFT, DRAFT, slots, visible))
     return dense_attention(
-        q.view(-1, HEADS, 576), k, v, pool.get_key_buffer(LAYER), pool.get_value_buffer(LAYER),
-        requests, scaling,
-    )  # fmt: skip
+        q.view(-1, HEADS, 576),
+        k,
+        v,
+        pool.get_key_buffer(LAYER),
+        pool.get_value_buffer(LAYER),
+        requests,
+        scaling,
+    )
 
 
 def test_settings_read_the_fault_and_refuse_bad_ones():

@@ -22,10 +22,20 @@ from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
 
 KDTREE_SERVE = Path(sys.executable).with_name("kdtree-serve")
 ARGS = [
-    "--model-path", "/models/DeepSeek-V3", "--attention-backend", "triton",
-    "--speculative-algorithm", "EAGLE", "--chat-template", "a b  c", "--json-model-override-args",
-    '{"x": [1, 2]}', "--tp=8", "--", "ünïcode",
-]  # fmt: skip
+    "--model-path",
+    "/models/DeepSeek-V3",
+    "--attention-backend",
+    "triton",
+    "--speculative-algorithm",
+    "EAGLE",
+    "--chat-template",
+    "a b  c",
+    "--json-model-override-args",
+    '{"x": [1, 2]}',
+    "--tp=8",
+    "--",
+    "ünïcode",
+]
 
 
 @pytest.fixture
@@ -122,8 +132,12 @@ def test_bad_setting_is_refused_by_name(standin):
 
 def test_default_command_is_sglangs_launch_server():
     assert launch_command(["--port", "30000"], InferenceSettings.from_env({})) == [
-        sys.executable, "-m", "sglang.launch_server", "--port", "30000",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--port",
+        "30000",
+    ]
 
 
 def test_preflight_passes_when_plugin_backend_and_kernel_are_fine():

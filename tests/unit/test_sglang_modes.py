@@ -33,9 +33,13 @@ def test_atol_defaults_by_the_pool_dtype_and_a_configured_one_wins():
 
 @pytest.mark.parametrize(
     ("raw", "mode"),
-    [("", VerifyMode.OFF), ("off", VerifyMode.OFF), (" On ", VerifyMode.ON),
-     ("VALIDATE", VerifyMode.VALIDATE)],
-)  # fmt: skip
+    [
+        ("", VerifyMode.OFF),
+        ("off", VerifyMode.OFF),
+        (" On ", VerifyMode.ON),
+        ("VALIDATE", VerifyMode.VALIDATE),
+    ],
+)
 def test_mode_values_are_case_insensitive(raw, mode):
     assert parse_mode(raw) is mode
 

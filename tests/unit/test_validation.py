@@ -40,26 +40,83 @@ BAD_INPUTS = [
     (lambda c: _t(q=c.q[..., :512]), r"q: last dim must be 576"),
     (lambda c: _t(q=c.q[0]), r"q: expected 3 dims"),
     (lambda c: _t(q=c.q.to(torch.int32)), r"q: dtype must be one of"),
-    (lambda c: _t(k_extend=c.k_extend[:-1]), r"k_extend: expected shape \(9, 1, 576\) to match q, got \(8, 1, 576\)"),
+    (
+        lambda c: _t(k_extend=c.k_extend[:-1]),
+        r"k_extend: expected shape \(9, 1, 576\) to match q, got \(8, 1, 576\)",
+    ),
     (lambda c: _t(v_extend=c.v_extend[..., :256]), r"v_extend: expected shape \(9, 1, 512\)"),
-    (lambda c: _t(k_buffer=c.k_buffer.expand(-1, 2, -1)), r"k_buffer: expected shape \[pool, 1, 576\]"),
+    (
+        lambda c: _t(k_buffer=c.k_buffer.expand(-1, 2, -1)),
+        r"k_buffer: expected shape \[pool, 1, 576\]",
+    ),
     (lambda c: _t(v_buffer=c.v_buffer[:-1]), r"v_buffer: pool size \d+ differs from k_buffer's"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float16)), r"k_buffer: dtype torch.float16 differs from torch.float32 \(the pool is in q's dtype"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn)), r"v_buffer: dtype torch.float32 differs from torch.float8_e4m3fn"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e5m2), v_buffer=c.v_buffer.to(torch.float8_e5m2)), r"k_buffer: dtype torch.float8_e5m2 differs from torch.float32"),
-    (lambda c: _t(k_extend=c.k_extend.to(torch.float8_e4m3fn)), r"k_extend: dtype torch.float8_e4m3fn differs from torch.float32"),
+    (
+        lambda c: _t(k_buffer=c.k_buffer.to(torch.float16)),
+        r"k_buffer: dtype torch.float16 differs from torch.float32 \(the pool is in q's dtype",
+    ),
+    (
+        lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn)),
+        r"v_buffer: dtype torch.float32 differs from torch.float8_e4m3fn",
+    ),
+    (
+        lambda c: _t(
+            k_buffer=c.k_buffer.to(torch.float8_e5m2), v_buffer=c.v_buffer.to(torch.float8_e5m2)
+        ),
+        r"k_buffer: dtype torch.float8_e5m2 differs from torch.float32",
+    ),
+    (
+        lambda c: _t(k_extend=c.k_extend.to(torch.float8_e4m3fn)),
+        r"k_extend: dtype torch.float8_e4m3fn differs from torch.float32",
+    ),
     (lambda c: _t(k_scale=0.5), r"k_scale: is 0.5, but only a float8_e4m3fn pool is scaled"),
     (lambda c: _t(v_scale=2.0), r"v_scale: is 2.0, but only a float8_e4m3fn pool is scaled"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn), v_buffer=c.v_buffer.to(torch.float8_e4m3fn), k_scale=0.0), r"k_scale: must be a positive finite number, got 0.0"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn), v_buffer=c.v_buffer.to(torch.float8_e4m3fn), v_scale=float("inf")), r"v_scale: must be a positive finite number"),
-    (lambda c: _t(q=c.q.half(), k_extend=c.k_extend.half(), v_extend=c.v_extend.half(), k_buffer=c.k_buffer.to(torch.float8_e4m3fn), v_buffer=c.v_buffer.to(torch.float8_e4m3fn), v_scale=300.0), r"v_scale: must be <= 255.0 with an fp8 pool"),
-    (lambda c: _t(k_buffer=c.k_buffer.to(torch.float8_e4m3fn), v_buffer=c.v_buffer.to(torch.float8_e4m3fn), v_scale=256.0), r"v_scale: must be <= 255.0 with an fp8 pool"),
-    (lambda c: _t(k_extend=torch.randn(1, 576, 9).permute(2, 0, 1)), r"k_extend: the last dimension must be contiguous"),
+    (
+        lambda c: _t(
+            k_buffer=c.k_buffer.to(torch.float8_e4m3fn),
+            v_buffer=c.v_buffer.to(torch.float8_e4m3fn),
+            k_scale=0.0,
+        ),
+        r"k_scale: must be a positive finite number, got 0.0",
+    ),
+    (
+        lambda c: _t(
+            k_buffer=c.k_buffer.to(torch.float8_e4m3fn),
+            v_buffer=c.v_buffer.to(torch.float8_e4m3fn),
+            v_scale=float("inf"),
+        ),
+        r"v_scale: must be a positive finite number",
+    ),
+    (
+        lambda c: _t(
+            q=c.q.half(),
+            k_extend=c.k_extend.half(),
+            v_extend=c.v_extend.half(),
+            k_buffer=c.k_buffer.to(torch.float8_e4m3fn),
+            v_buffer=c.v_buffer.to(torch.float8_e4m3fn),
+            v_scale=300.0,
+        ),
+        r"v_scale: must be <= 255.0 with an fp8 pool",
+    ),
+    (
+        lambda c: _t(
+            k_buffer=c.k_buffer.to(torch.float8_e4m3fn),
+            v_buffer=c.v_buffer.to(torch.float8_e4m3fn),
+            v_scale=256.0,
+        ),
+        r"v_scale: must be <= 255.0 with an fp8 pool",
+    ),
+    (
+        lambda c: _t(k_extend=torch.randn(1, 576, 9).permute(2, 0, 1)),
+        r"k_extend: the last dimension must be contiguous",
+    ),
     (lambda c: _t(qo_indptr=c.qo_indptr.float()), r"qo_indptr: dtype must be int32 or int64"),
     (lambda c: _t(qo_indptr=c.qo_indptr[:1]), r"qo_indptr: needs at least 2 entries"),
     (lambda c: _t(kv_indptr=c.kv_indptr[:-1]), r"kv_indptr: has 3 entries, qo_indptr has 4"),
     (lambda c: _t(kv_indices=c.kv_indices.view(2, -1)), r"kv_indices: expected 1 dims"),
-    (lambda c: _t(kv_indices=c.kv_indices.to(torch.int16)), r"kv_indices: dtype must be int32 or int64"),
+    (
+        lambda c: _t(kv_indices=c.kv_indices.to(torch.int16)),
+        r"kv_indices: dtype must be int32 or int64",
+    ),
     (lambda c: _t(custom_mask=c.custom_mask.float()), r"custom_mask: dtype must be bool or uint8"),
     (lambda c: _t(custom_mask=c.custom_mask.view(1, -1)), r"custom_mask: expected 1 dims"),
     (lambda c: _t(mask_indptr=None), r"mask_indptr: is required when custom_mask is given"),
@@ -69,14 +126,32 @@ BAD_INPUTS = [
     (lambda c: _t(sm_scale="0.1"), r"sm_scale: must be a positive number"),
     # value checks (run on CPU tensors, or on GPU when check_values=True)
     (lambda c: _t(qo_indptr=c.qo_indptr + 1), r"qo_indptr: must start at 0, got 1"),
-    (lambda c: _t(qo_indptr=torch.tensor([0, 3, 2, 9])), r"qo_indptr: must be non-decreasing, but entry 2 \(2\) < entry 1 \(3\)"),
-    (lambda c: _t(qo_indptr=torch.tensor([0, 3, 6, 8])), r"qo_indptr: last entry is 8 but q's token count is 9"),
-    (lambda c: _t(kv_indptr=torch.tensor([0, 4, 4, 11])), r"kv_indptr: last entry is 11 but len\(kv_indices\) is 10"),
-    (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(10_000)), r"kv_indices: values must lie in \[0, \d+\), found range \[10000, 10000\]"),
+    (
+        lambda c: _t(qo_indptr=torch.tensor([0, 3, 2, 9])),
+        r"qo_indptr: must be non-decreasing, but entry 2 \(2\) < entry 1 \(3\)",
+    ),
+    (
+        lambda c: _t(qo_indptr=torch.tensor([0, 3, 6, 8])),
+        r"qo_indptr: last entry is 8 but q's token count is 9",
+    ),
+    (
+        lambda c: _t(kv_indptr=torch.tensor([0, 4, 4, 11])),
+        r"kv_indptr: last entry is 11 but len\(kv_indices\) is 10",
+    ),
+    (
+        lambda c: _t(kv_indices=c.kv_indices.clone().fill_(10_000)),
+        r"kv_indices: values must lie in \[0, \d+\), found range \[10000, 10000\]",
+    ),
     (lambda c: _t(kv_indices=c.kv_indices.clone().fill_(-1)), r"kv_indices: values must lie in"),
-    (lambda c: _t(mask_indptr=c.mask_indptr * 2), r"mask_indptr: entry 1 is 42, expected 21 \(cumsum of N x \(prefix_len \+ N\) per request\)"),
-    (lambda c: _t(custom_mask=c.custom_mask[:-1]), r"custom_mask: has \d+ elements but mask_indptr needs \d+"),
-]  # fmt: skip
+    (
+        lambda c: _t(mask_indptr=c.mask_indptr * 2),
+        r"mask_indptr: entry 1 is 42, expected 21 \(cumsum of N x \(prefix_len \+ N\) per request\)",
+    ),
+    (
+        lambda c: _t(custom_mask=c.custom_mask[:-1]),
+        r"custom_mask: has \d+ elements but mask_indptr needs \d+",
+    ),
+]
 
 
 @pytest.mark.parametrize("build, message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])

@@ -56,9 +56,15 @@ results = Console(soft_wrap=True)  # the verdict and where the report is: what a
 PROBE_BYTES = 1 << 20
 MIN_FREE_BYTES = 32 << 20
 # What a new run is made of (flag -> setting); a resume takes all of it from the stored run.
-NEW_RUN_FLAGS = {"baseline": "baseline_url", "candidate": "candidate_url",
-                 "replica": "replica_url", "floor": "floor_url", "corpus": "corpus",
-                 "policy": "policy", "out": "out"}  # fmt: skip
+NEW_RUN_FLAGS = {
+    "baseline": "baseline_url",
+    "candidate": "candidate_url",
+    "replica": "replica_url",
+    "floor": "floor_url",
+    "corpus": "corpus",
+    "policy": "policy",
+    "out": "out",
+}
 
 
 def _add_db(p: argparse.ArgumentParser, settings: ParitySettings) -> None:
@@ -112,19 +118,27 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
         "run and shown in its report)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--resolution", default=None,
-                     help="resolution table (bench/parity_resolution.py's resolution.json) to "
-                     "print in the HTML and Markdown reports")  # fmt: skip
+    run.add_argument(
+        "--resolution",
+        default=None,
+        help="resolution table (bench/parity_resolution.py's resolution.json) to "
+        "print in the HTML and Markdown reports",
+    )
     _add_db(run, settings)
     run.set_defaults(settings=settings)
 
     report = sub.add_parser("report", help="render a stored run's report")
     report.add_argument("run_id")
-    report.add_argument("--format", choices=("md", "json", "html", "files"), default="md",
-                        help="print md/json/html to stdout, or write all three files")  # fmt: skip
+    report.add_argument(
+        "--format",
+        choices=("md", "json", "html", "files"),
+        default="md",
+        help="print md/json/html to stdout, or write all three files",
+    )
     report.add_argument("--out", default=settings.out, help="where 'files' writes")
-    report.add_argument("--resolution", default=None,
-                        help="resolution table to print in the md/html report")  # fmt: skip
+    report.add_argument(
+        "--resolution", default=None, help="resolution table to print in the md/html report"
+    )
     _add_db(report, settings)
 
     lst = sub.add_parser("list", help="list stored runs, newest first")

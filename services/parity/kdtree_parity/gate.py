@@ -445,8 +445,13 @@ def _divergence_rule(
     significant, test = _floor_test(
         "divergence_count",
         "Fisher exact, one-sided (candidate diverges more often than the floor)",
-        odds, p, level, beyond, exact_floor, summary.excess_divergence_rate,
-    )  # fmt: skip
+        odds,
+        p,
+        level,
+        beyond,
+        exact_floor,
+        summary.excess_divergence_rate,
+    )
     compared_rule(
         "excess_divergence_rate",
         c,
@@ -489,8 +494,13 @@ def _drift_rule(rule: RuleFn, summary: Summary, gate: GateSettings, level: float
     significant, test = _floor_test(
         "logprob_drift",
         "Mann-Whitney U, one-sided (candidate drift stochastically greater than the floor)",
-        u, p, level, beyond, exact_floor, summary.excess_drift_p99,
-    )  # fmt: skip
+        u,
+        p,
+        level,
+        beyond,
+        exact_floor,
+        summary.excess_drift_p99,
+    )
     if p is None:  # positions on the candidate pair but none on the floor pair
         rule(
             "logprob_drift_p99",

@@ -403,9 +403,15 @@ class Store:
             db.execute(
                 "INSERT INTO identity_changes (run_id, role, at, differences_json, before_json,"
                 " after_json) VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, role, time.time(), json.dumps(differences), before,
-                 json.dumps(identity, sort_keys=True)),
-            )  # fmt: skip
+                (
+                    run_id,
+                    role,
+                    time.time(),
+                    json.dumps(differences),
+                    before,
+                    json.dumps(identity, sort_keys=True),
+                ),
+            )
             db.execute(
                 "UPDATE targets SET identity_json=? WHERE run_id=? AND role=?",
                 (json.dumps(identity, sort_keys=True), run_id, role),

@@ -51,9 +51,13 @@ class ExtendMetadata:
             from kdtree_verify import VerifyMetadata
 
             self._kernel_metadata[sm_scale] = VerifyMetadata.build(
-                self.qo_indptr, self.kv_indptr, self.kv_indices, self.custom_mask,
-                self.mask_indptr, sm_scale,
-            )  # fmt: skip
+                self.qo_indptr,
+                self.kv_indptr,
+                self.kv_indices,
+                self.custom_mask,
+                self.mask_indptr,
+                sm_scale,
+            )
         return self._kernel_metadata[sm_scale]
 
 

@@ -94,11 +94,25 @@ def compare_with_sidecar(
     try:
         with interrupts_deferred():  # Ctrl-C while it starts must not orphan the sidecar
             sidecar = subprocess.Popen(
-                [sys.executable, "-m", "kdtree_parity.cli", "run",
-                 "--baseline", baseline.url, "--candidate", candidate.url,
-                 "--corpus", str(corpus_path), "--policy", str(policy_path),
-                 "--out", str(out_dir), "--db", str(out_dir / "parity.sqlite3")],
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "kdtree_parity.cli",
+                    "run",
+                    "--baseline",
+                    baseline.url,
+                    "--candidate",
+                    candidate.url,
+                    "--corpus",
+                    str(corpus_path),
+                    "--policy",
+                    str(policy_path),
+                    "--out",
+                    str(out_dir),
+                    "--db",
+                    str(out_dir / "parity.sqlite3"),
+                ],
+            )
         returncode = sidecar.wait()
     finally:
         if sidecar is not None:
@@ -145,8 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=12, help="corpus size")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--log-dir", default=None, help="server logs (default: a temporary directory)")
-    p.add_argument("--candidate-fault-layer", type=int, default=None,
-                   help="make the candidate deliberately wrong (shows what a difference looks like)")  # fmt: skip
+    p.add_argument(
+        "--candidate-fault-layer",
+        type=int,
+        default=None,
+        help="make the candidate deliberately wrong (shows what a difference looks like)",
+    )
     p.add_argument("--candidate-fault-scale", type=float, default=1.5)
     p.add_argument("--strict", action="store_true", help="exit 1 if any prompt differs")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
@@ -154,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kdtree-demo-"))
     candidate_options = {}
     if args.candidate_fault_layer is not None:
-        candidate_options = {"fault_layer": args.candidate_fault_layer,
-                             "fault_scale": args.candidate_fault_scale}  # fmt: skip
+        candidate_options = {
+            "fault_layer": args.candidate_fault_layer,
+            "fault_scale": args.candidate_fault_scale,
+        }
     # SIGTERM (e.g. from make or CI) unwinds like Ctrl-C so the finally below stops the servers.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     servers: list[EngineProcess] = []
@@ -177,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         # kdtree-parity's own exit statuses (kdtree_parity.exit_codes: 0 passed, 1 failed).
         verdict = {0: "PASS", 1: "FAIL"}.get(verdict_code, "COULD NOT DECIDE")
         print(f"parity verdict: {verdict}; report: {report_html or 'none written'}")
-        print(f"({len(corpus)} prompts, baseline twice + candidate, in "
-              f"{time.perf_counter() - start:.1f}s)")  # fmt: skip
+        print(
+            f"({len(corpus)} prompts, baseline twice + candidate, in "
+            f"{time.perf_counter() - start:.1f}s)"
+        )
         differs = not rows or any(r.first_divergence is not None for r in rows)
         return ExitCode.FAILED if args.strict and differs else ExitCode.OK
     except KeyboardInterrupt:

@@ -32,15 +32,19 @@ class FaultyAttentionBackend(AttentionBackend):
         super().__init__(name, device, kv_splits)
         self.fault = fault
 
-    def __call__(self, q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata,
-                 sm_scale: float) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self, q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float
+    ) -> torch.Tensor:
         layout = apply_to_layout(
             self.fault,
             VerifyLayout(
-                meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.custom_mask,
+                meta.qo_indptr,
+                meta.kv_indptr,
+                meta.kv_indices,
+                meta.custom_mask,
                 meta.mask_indptr,
             ),
-        )  # fmt: skip
+        )
         meta = dataclasses.replace(
             meta,
             kv_indptr=layout.kv_indptr,

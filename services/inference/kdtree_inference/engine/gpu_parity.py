@@ -80,8 +80,11 @@ def diff_runs(
 def _accept(results: list[GenerationResult]) -> dict:
     steps = sum(r.spec_verify_ct for r in results)
     tokens = sum(len(r.output_ids) for r in results)
-    return {"verify_steps": steps, "output_tokens": tokens,
-            "accept_length": tokens / steps if steps else None}  # fmt: skip
+    return {
+        "verify_steps": steps,
+        "output_tokens": tokens,
+        "accept_length": tokens / steps if steps else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def config(attention: str, spec_config: SpecConfig) -> EngineConfig:
         return EngineConfig(
-            model=ModelConfig(seed=args.seed), spec=spec_config, attention=attention,
-            device=args.device, dtype=args.dtype, max_batch_size=args.batch,
-        )  # fmt: skip
+            model=ModelConfig(seed=args.seed),
+            spec=spec_config,
+            attention=attention,
+            device=args.device,
+            dtype=args.dtype,
+            max_batch_size=args.batch,
+        )
 
     runs = {}
     for name, attention, spec_config in (
@@ -155,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("device", "dtype", "prompts")}))
-    print(f"op vs triton: {len(op_vs_triton)}/{len(texts)} prompts differ "
-          f"({report['op_vs_triton']['hard_divergences']} hard); "
-          f"op speculative vs plain: {len(spec_vs_plain)} differ; written to {out}")  # fmt: skip
+    print(
+        f"op vs triton: {len(op_vs_triton)}/{len(texts)} prompts differ "
+        f"({report['op_vs_triton']['hard_divergences']} hard); "
+        f"op speculative vs plain: {len(spec_vs_plain)} differ; written to {out}"
+    )
     return ExitCode.OK
 
 

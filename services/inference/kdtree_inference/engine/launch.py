@@ -97,8 +97,16 @@ class EngineProcess:
         self.port = port or free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "kdtree_inference.engine", "--host", LOOPBACK,
-               "--port", str(self.port), *cli_flags(cli_options)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "kdtree_inference.engine",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            *cli_flags(cli_options),
+        ]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as log_file:
             self.proc = subprocess.Popen(

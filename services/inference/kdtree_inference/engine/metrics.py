@@ -15,49 +15,66 @@ class EngineMetrics:
             "HTTP requests to /generate and /v1/completions, by response status",
             [*labels, "status"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.prompt_tokens = Counter(
             "kdtree_engine_prompt_tokens", "Prompt tokens prefilled", labels, registry=self.registry
         )
         self.generation_tokens = Counter(
-            "kdtree_engine_generation_tokens", "Output tokens generated", labels,
+            "kdtree_engine_generation_tokens",
+            "Output tokens generated",
+            labels,
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.verify_steps = Counter(
-            "kdtree_engine_spec_verify_steps", "Verify forwards per request (draft tree checks)",
-            labels, registry=self.registry,
-        )  # fmt: skip
+            "kdtree_engine_spec_verify_steps",
+            "Verify forwards per request (draft tree checks)",
+            labels,
+            registry=self.registry,
+        )
         self.drafts_proposed = Counter(
-            "kdtree_engine_spec_draft_tokens_proposed", "Draft tokens proposed (tree minus root)",
-            labels, registry=self.registry,
-        )  # fmt: skip
+            "kdtree_engine_spec_draft_tokens_proposed",
+            "Draft tokens proposed (tree minus root)",
+            labels,
+            registry=self.registry,
+        )
         self.drafts_accepted = Counter(
-            "kdtree_engine_spec_draft_tokens_accepted", "Draft tokens accepted by verification",
-            labels, registry=self.registry,
-        )  # fmt: skip
+            "kdtree_engine_spec_draft_tokens_accepted",
+            "Draft tokens accepted by verification",
+            labels,
+            registry=self.registry,
+        )
         self.latency = Histogram(
-            "kdtree_engine_request_latency_seconds", "End-to-end latency of finished requests",
-            labels, registry=self.registry,
+            "kdtree_engine_request_latency_seconds",
+            "End-to-end latency of finished requests",
+            labels,
+            registry=self.registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-        )  # fmt: skip
+        )
         self.aborted = Counter(
-            "kdtree_engine_aborted_requests", "Requests aborted because their client went away",
-            labels, registry=self.registry,
-        )  # fmt: skip
+            "kdtree_engine_aborted_requests",
+            "Requests aborted because their client went away",
+            labels,
+            registry=self.registry,
+        )
         self.ready = Gauge("kdtree_engine_ready", "1 once warm", labels, registry=self.registry)
         self.validate_calls = Gauge(
-            "kdtree_engine_validate_calls", "validate mode: attention calls compared (op vs baseline)",
-            labels, registry=self.registry,
-        )  # fmt: skip
+            "kdtree_engine_validate_calls",
+            "validate mode: attention calls compared (op vs baseline)",
+            labels,
+            registry=self.registry,
+        )
         self.validate_max_abs_diff = Gauge(
             "kdtree_engine_validate_max_abs_diff",
             "validate mode: largest |op - baseline| of any attention output element so far",
-            labels, registry=self.registry,
-        )  # fmt: skip
-        self.running = Gauge(
-            "kdtree_engine_running_requests", "Requests being decoded", labels,
+            labels,
             registry=self.registry,
-        )  # fmt: skip
+        )
+        self.running = Gauge(
+            "kdtree_engine_running_requests",
+            "Requests being decoded",
+            labels,
+            registry=self.registry,
+        )
 
     def on_verify_step(self, attention: str, proposed: int, accepted: int, emitted: int) -> None:
         self.verify_steps.labels(attention).inc()

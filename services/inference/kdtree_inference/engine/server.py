@@ -32,54 +32,103 @@ def build_parser(settings: InferenceSettings | None = None) -> argparse.Argument
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=30000, help="port (SGLang's default 30000)")
     p.add_argument(
-        "--attention", choices=ATTENTION_BACKENDS, default=None,
+        "--attention",
+        choices=ATTENTION_BACKENDS,
+        default=None,
         help="attention backend; default from KDTREE_VERIFY (off -> reference on CPU / triton on "
         "GPU, on -> op, validate -> both, serving the baseline's result)",
-    )  # fmt: skip
+    )
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="model and KV dtype (default float32 on CPU, bfloat16 on GPU)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="model and KV dtype (default float32 on CPU, bfloat16 on GPU)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weight seed: same seed, same model")
     p.add_argument("--num-layers", type=int, default=ModelConfig.num_layers)
     p.add_argument("--num-heads", type=int, default=ModelConfig.num_heads)
     p.add_argument("--hidden-size", type=int, default=ModelConfig.hidden_size)
-    p.add_argument("--weights-dir", default=settings.engine_weights,
-                   help="load model.safetensors from this directory instead of seeded weights")  # fmt: skip
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=SpecConfig.num_draft_tokens,
-                   help="draft tree size incl. its root (SGLang's name); 1 = plain decoding")  # fmt: skip
-    p.add_argument("--speculative-eagle-topk", type=int, default=SpecConfig.topk,
-                   help="children per draft-tree node")  # fmt: skip
-    p.add_argument("--speculative-num-steps", type=int, default=SpecConfig.max_depth,
-                   help="maximum depth of the draft tree")  # fmt: skip
+    p.add_argument(
+        "--weights-dir",
+        default=settings.engine_weights,
+        help="load model.safetensors from this directory instead of seeded weights",
+    )
+    p.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=SpecConfig.num_draft_tokens,
+        help="draft tree size incl. its root (SGLang's name); 1 = plain decoding",
+    )
+    p.add_argument(
+        "--speculative-eagle-topk",
+        type=int,
+        default=SpecConfig.topk,
+        help="children per draft-tree node",
+    )
+    p.add_argument(
+        "--speculative-num-steps",
+        type=int,
+        default=SpecConfig.max_depth,
+        help="maximum depth of the draft tree",
+    )
     p.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     p.add_argument("--kv-pool-size", type=int, default=EngineConfig.kv_pool_size)
-    p.add_argument("--prefill-chunk", type=int, default=EngineConfig.prefill_chunk,
-                   help="prompt tokens per prefill forward")  # fmt: skip
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=EngineConfig.prefill_chunk,
+        help="prompt tokens per prefill forward",
+    )
     p.add_argument("--max-prompt-tokens", type=int, default=EngineConfig.max_prompt_tokens)
     p.add_argument("--max-new-tokens-limit", type=int, default=EngineConfig.max_new_tokens_limit)
-    p.add_argument("--fault-layer", type=int, default=None,
-                   help="TEST ONLY: scale this layer's attention output (a deliberately wrong "
-                   "candidate)")  # fmt: skip
     p.add_argument(
-        "--fault-scale", type=float, default=None,
+        "--fault-layer",
+        type=int,
+        default=None,
+        help="TEST ONLY: scale this layer's attention output (a deliberately wrong candidate)",
+    )
+    p.add_argument(
+        "--fault-scale",
+        type=float,
+        default=None,
         help="TEST ONLY: factor for --fault-layer (required with it)",
-    )  # fmt: skip
-    p.add_argument("--incremental-streaming-output", action=argparse.BooleanOptionalAction,
-                   default=EngineConfig.incremental_streaming_output,
-                   help="stream disjoint segments (SGLang's --incremental-streaming-output); "
-                   "--no-incremental-streaming-output resends the whole output in every event, "
-                   "SGLang's default")  # fmt: skip
-    p.add_argument("--attention-kv-splits", type=int, default=EngineConfig.attention_kv_splits,
-                   help="reduce attention keys in N chunks merged by log-sum-exp: equivalent "
-                   "numerics, not bit-identical (the parity gate's A/A' floor); reference only")  # fmt: skip
-    p.add_argument("--decode-step-delay", type=float, default=EngineConfig.decode_step_delay_s,
-                   help="TEST/BENCHMARK ONLY: sleep this many seconds after every decode step "
-                   "(a candidate made slow on purpose); default 0")  # fmt: skip
-    p.add_argument("--warmup-delay", type=float, default=0.0,
-                   help="TEST ONLY: seconds to stay not-ready (/health 503) before loading")  # fmt: skip
-    p.add_argument("--threads", type=int, default=settings.engine_threads,
-                   help="torch CPU threads (default 1: the model is tiny, and a demo runs two "
-                   "servers side by side)")  # fmt: skip
+    )
+    p.add_argument(
+        "--incremental-streaming-output",
+        action=argparse.BooleanOptionalAction,
+        default=EngineConfig.incremental_streaming_output,
+        help="stream disjoint segments (SGLang's --incremental-streaming-output); "
+        "--no-incremental-streaming-output resends the whole output in every event, "
+        "SGLang's default",
+    )
+    p.add_argument(
+        "--attention-kv-splits",
+        type=int,
+        default=EngineConfig.attention_kv_splits,
+        help="reduce attention keys in N chunks merged by log-sum-exp: equivalent "
+        "numerics, not bit-identical (the parity gate's A/A' floor); reference only",
+    )
+    p.add_argument(
+        "--decode-step-delay",
+        type=float,
+        default=EngineConfig.decode_step_delay_s,
+        help="TEST/BENCHMARK ONLY: sleep this many seconds after every decode step "
+        "(a candidate made slow on purpose); default 0",
+    )
+    p.add_argument(
+        "--warmup-delay",
+        type=float,
+        default=0.0,
+        help="TEST ONLY: seconds to stay not-ready (/health 503) before loading",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=settings.engine_threads,
+        help="torch CPU threads (default 1: the model is tiny, and a demo runs two "
+        "servers side by side)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -165,8 +214,14 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
                 server.should_exit = True
                 return
 
-    log.info("kdtree engine: attention=%s device=%s dtype=%s on http://%s:%d",
-             config.attention, config.device, config.dtype, host, port)  # fmt: skip
+    log.info(
+        "kdtree engine: attention=%s device=%s dtype=%s on http://%s:%d",
+        config.attention,
+        config.device,
+        config.dtype,
+        host,
+        port,
+    )
     log_fault(config.injected_fault)
     engine.start()
     threading.Thread(target=watch_startup, daemon=True).start()

@@ -43,9 +43,11 @@ def render_with_resolution(
     prompts = report.summary.prompts_compared
     if fmt == "html":
         page = render_html(report)
-        return page if resolution is None else with_resolution_html(
-            page, resolution_html(resolution, prompts)
-        )  # fmt: skip
+        return (
+            page
+            if resolution is None
+            else with_resolution_html(page, resolution_html(resolution, prompts))
+        )
     text = render_markdown(report)
     return text if resolution is None else text + resolution_markdown(resolution, prompts)
 

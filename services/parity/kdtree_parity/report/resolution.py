@@ -77,8 +77,14 @@ def resolution_rows(table: ResolutionTable, prompts: int | None) -> tuple[int | 
     rows = []
     for kind, per_size in sorted(table.smallest.items()):
         here = per_size.get(applies) if applies is not None else None
-        rows.append((kind, _value(kind, here), UNITS.get(kind, ""),
-                     [_value(kind, per_size.get(k)) for k in table.corpus_sizes]))  # fmt: skip
+        rows.append(
+            (
+                kind,
+                _value(kind, here),
+                UNITS.get(kind, ""),
+                [_value(kind, per_size.get(k)) for k in table.corpus_sizes],
+            )
+        )
     return applies, rows
 
 
@@ -86,15 +92,23 @@ def resolution_markdown(table: ResolutionTable, prompts: int | None) -> str:
     applies, rows = resolution_rows(table, prompts)
     lines = ["", "## Resolution (smallest fault detected)", ""]
     if applies is None:
-        lines.append(f"This run compared {prompts} prompts, fewer than any corpus size measured "
-                     f"in `{table.path}`: its resolution is not known.")  # fmt: skip
+        lines.append(
+            f"This run compared {prompts} prompts, fewer than any corpus size measured "
+            f"in `{table.path}`: its resolution is not known."
+        )
     else:
-        lines.append(f"Measured by `bench/parity_resolution.py` with policy `{table.policy}` "
-                     f"(`{table.path}`, sha256 `{table.sha256[:12]}`); this run compared "
-                     f"{prompts} prompts, so the {applies}-prompt row applies.")  # fmt: skip
-    lines += ["", "| fault | smallest detected here | meaning | "
-              + " | ".join(f"{k} prompts" for k in table.corpus_sizes) + " |",
-              "|---|---|---|" + "---|" * len(table.corpus_sizes)]  # fmt: skip
+        lines.append(
+            f"Measured by `bench/parity_resolution.py` with policy `{table.policy}` "
+            f"(`{table.path}`, sha256 `{table.sha256[:12]}`); this run compared "
+            f"{prompts} prompts, so the {applies}-prompt row applies."
+        )
+    lines += [
+        "",
+        "| fault | smallest detected here | meaning | "
+        + " | ".join(f"{k} prompts" for k in table.corpus_sizes)
+        + " |",
+        "|---|---|---|" + "---|" * len(table.corpus_sizes),
+    ]
     for kind, here, unit, per_size in rows:
         lines.append(f"| `{kind}` | {here} | {unit} | " + " | ".join(per_size) + " |")
     return "\n".join(lines) + "\n"
