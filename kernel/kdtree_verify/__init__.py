@@ -10,7 +10,7 @@
 """
 
 from .dims import QK_DIM, ROPE_DIM, V_DIM
-from .metadata import DEFAULT_CHUNK_SIZE, VerifyMetadata
+from .metadata import DEFAULT_CHUNK_SIZE, ForwardLayout, VerifyMetadata
 from .op import deepseek_v3_sm_scale, merge_partials, verify_attention
 from .reference import verify_attention_reference
 from .validation import VerifyInputError
@@ -20,6 +20,7 @@ __all__ = [
     "QK_DIM",
     "ROPE_DIM",
     "V_DIM",
+    "ForwardLayout",
     "VerifyInputError",
     "VerifyMetadata",
     "deepseek_v3_sm_scale",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -124,3 +124,43 @@ class VerifyMetadata:
                 f"plan.workspace: is on {plan.workspace.device} but qo_indptr is on {device}"
             )
         plan.check_workspace()
+
+
+@dataclass(frozen=True)
+class ForwardLayout:
+    """A verify forward's index and mask tensors (SGLang's layout: prefix-only ``kv_indices``)
+    before its softmax scale is known, with the kernel's ``plan`` where the caller made one.
+
+    SGLang's backends get the scale with each layer call, not with the forward's metadata: they
+    keep one ``ForwardLayout`` per forward (the backend's marshaled inputs and the reference
+    engine's metadata extend it), and every layer of a scale shares the ``VerifyMetadata`` that
+    :meth:`kernel_metadata` builds and validates on first use. ``dataclasses.replace`` makes a
+    layout whose metadata is built afresh.
+    """
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    custom_mask: torch.Tensor | None
+    mask_indptr: torch.Tensor | None
+    plan: VerifyPlan | None = None
+    _by_scale: dict[float, VerifyMetadata] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def kernel_metadata(self, sm_scale: float) -> VerifyMetadata:
+        """The forward's metadata at ``sm_scale`` (one build per forward and scale; host work
+        only, so it may run under CUDA-graph capture)."""
+        metadata = self._by_scale.get(sm_scale)
+        if metadata is None:
+            metadata = VerifyMetadata.build(
+                self.qo_indptr,
+                self.kv_indptr,
+                self.kv_indices,
+                self.custom_mask,
+                self.mask_indptr,
+                sm_scale,
+                plan=self.plan,
+            )
+            self._by_scale[sm_scale] = metadata
+        return metadata

@@ -23,10 +23,14 @@ sides use, so one implementation serves both.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+from kdtree_verify import ForwardLayout
 
 ENV_VAR = "KDTREE_INJECT_FAULT"
 KINDS = ("weight", "scale", "kv_drop", "tree_mask")
@@ -118,19 +122,11 @@ def perturb_layer(
 
 # ----------------------------------------------------------------- verify-layout edits
 
-
-@dataclass(frozen=True)
-class VerifyLayout:
-    """The metadata tensors of one extend/verify forward (prefix-only ``kv_indices``)."""
-
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    custom_mask: torch.Tensor | None
-    mask_indptr: torch.Tensor | None
+# A forward's layout: the SGLang backend's marshaled inputs, the reference engine's metadata.
+L = TypeVar("L", bound=ForwardLayout)
 
 
-def drop_kv_position(layout: VerifyLayout, position: int) -> VerifyLayout:
+def drop_kv_position(layout: L, position: int) -> L:
     """``layout`` without the prefix row at ``position`` in every request whose committed prefix
     holds it (its queries all come after it), the tree mask's column for it removed too.
 
@@ -163,8 +159,8 @@ def drop_kv_position(layout: VerifyLayout, position: int) -> VerifyLayout:
     if layout.custom_mask is not None:
         custom_mask = torch.cat(masks)
         mask_indptr = torch.tensor(mask_out, dtype=layout.mask_indptr.dtype, device=device)
-    return VerifyLayout(
-        qo_indptr=layout.qo_indptr,
+    return dataclasses.replace(
+        layout,
         kv_indptr=torch.tensor(kv_out, dtype=layout.kv_indptr.dtype, device=device),
         kv_indices=torch.cat(keep_indices) if keep_indices else layout.kv_indices[:0],
         custom_mask=custom_mask,
@@ -172,7 +168,7 @@ def drop_kv_position(layout: VerifyLayout, position: int) -> VerifyLayout:
     )
 
 
-def extra_tree_node(layout: VerifyLayout, row: int) -> VerifyLayout:
+def extra_tree_node(layout: L, row: int) -> L:
     """``layout`` whose tree mask lets draft token ``row`` of every request also see the first
     draft node (lowest index) it does not see. A causal forward (no mask), a request with at most
     ``row`` draft tokens, or a row that already sees every node is left as it is.
@@ -192,13 +188,12 @@ def extra_tree_node(layout: VerifyLayout, row: int) -> VerifyLayout:
         hidden = (~mask[start : start + n].bool()).nonzero()
         if hidden.numel():
             mask[start + int(hidden[0])] = True
-    return VerifyLayout(
-        layout.qo_indptr, layout.kv_indptr, layout.kv_indices, mask, layout.mask_indptr
-    )
+    return dataclasses.replace(layout, custom_mask=mask)
 
 
-def apply_to_layout(fault: Fault, layout: VerifyLayout) -> VerifyLayout:
-    """The layout edit of ``fault`` (kv_drop, tree_mask); other kinds leave it as it is."""
+def apply_to_layout(fault: Fault, layout: L) -> L:
+    """The layout edit of ``fault`` (kv_drop, tree_mask) on a copy of ``layout`` (its type kept,
+    its kernel metadata built afresh); other kinds leave it as it is."""
     if fault.kind == "kv_drop":
         return drop_kv_position(layout, fault.index)
     if fault.kind == "tree_mask":

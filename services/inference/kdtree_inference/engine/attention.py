@@ -19,46 +19,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
+
+from kdtree_verify import ForwardLayout
 
 from .config import ATTENTION_BACKENDS, baseline_backend
 
 
-@dataclass
-class ExtendMetadata:
-    """SGLang's forward metadata for one extend/verify forward of B requests."""
+@dataclass(frozen=True, kw_only=True)
+class ExtendMetadata(ForwardLayout):
+    """SGLang's forward metadata for one extend/verify forward of B requests: the kernel's layout
+    (``qo_indptr`` [B+1] int32 cumulative new-token counts, ``kv_indptr`` [B+1] int32 cumulative
+    committed-prefix lengths, ``kv_indices`` the prefixes' pool slots (prefix only), a flat bool
+    ``custom_mask`` of N x (prefix + N) per request or None for causal, ``mask_indptr`` [B+1]
+    int64) and what the forward writes and sizes by."""
 
-    qo_indptr: torch.Tensor  # [B+1] int32: cumulative new-token counts
-    kv_indptr: torch.Tensor  # [B+1] int32: cumulative committed-prefix lengths
-    kv_indices: torch.Tensor  # [sum prefix] int64: pool slots of the prefixes, PREFIX ONLY
-    custom_mask: torch.Tensor | None  # flat bool, N x (prefix + N) per request; None = causal
-    mask_indptr: torch.Tensor | None  # [B+1] int64
     out_cache_loc: torch.Tensor  # [T_total] int64: pool slots the new tokens' KV is written to
     max_extend_len: int  # host-side max N (SGLang keeps it on the host too)
-    # The kernel API's metadata, per softmax scale: built and validated once per forward (not
-    # an init field, so dataclasses.replace, as the fault injection uses it, starts afresh).
-    _kernel_metadata: dict[float, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    def kernel_metadata(self, sm_scale: float) -> Any:
-        """This forward's ``kdtree_verify.VerifyMetadata`` at ``sm_scale`` (built on first use;
-        every layer of the forward shares it)."""
-        if sm_scale not in self._kernel_metadata:
-            from kdtree_verify import VerifyMetadata
-
-            self._kernel_metadata[sm_scale] = VerifyMetadata.build(
-                self.qo_indptr,
-                self.kv_indptr,
-                self.kv_indices,
-                self.custom_mask,
-                self.mask_indptr,
-                sm_scale,
-            )
-        return self._kernel_metadata[sm_scale]
 
 
 # Signature every backend implements: (q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)

@@ -7,14 +7,12 @@ every attention call (the softmax scale, or the forward's KV/mask layout) before
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import torch
 
 from ..faults import (
     Fault,
-    VerifyLayout,
     apply_to_layout,
     banner,
     perturb_layer,
@@ -35,23 +33,7 @@ class FaultyAttentionBackend(AttentionBackend):
     def __call__(
         self, q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float
     ) -> torch.Tensor:
-        layout = apply_to_layout(
-            self.fault,
-            VerifyLayout(
-                meta.qo_indptr,
-                meta.kv_indptr,
-                meta.kv_indices,
-                meta.custom_mask,
-                meta.mask_indptr,
-            ),
-        )
-        meta = dataclasses.replace(
-            meta,
-            kv_indptr=layout.kv_indptr,
-            kv_indices=layout.kv_indices,
-            custom_mask=layout.custom_mask,
-            mask_indptr=layout.mask_indptr,
-        )
+        meta = apply_to_layout(self.fault, meta)
         return super().__call__(
             q, k_extend, v_extend, k_buffer, v_buffer, meta, scaled_softmax(self.fault, sm_scale)
         )

@@ -11,9 +11,7 @@ of them set is refused. ``weight`` faults are not served here: write a perturbed
 
 from __future__ import annotations
 
-import dataclasses
-
-from ..faults import Fault, VerifyLayout, apply_to_layout
+from ..faults import Fault, apply_to_layout
 from .marshal import VerifyInputs
 
 LAYOUT_KINDS = ("kv_drop", "tree_mask")
@@ -33,22 +31,7 @@ def faulty_inputs(inputs: VerifyInputs, fault: Fault | None, phase: str) -> Veri
             f"KDTREE_INJECT_FAULT={fault.describe()} edits the verify indices on the host and "
             "cannot be captured in a CUDA graph: start the server with --disable-cuda-graph"
         )
-    layout = apply_to_layout(
-        fault,
-        VerifyLayout(
-            inputs.qo_indptr,
-            inputs.kv_indptr,
-            inputs.kv_indices,
-            inputs.custom_mask,
-            inputs.mask_indptr,
-        ),
-    )
-    if inputs.plan is not None:
-        inputs.plan.update(layout.qo_indptr, layout.kv_indptr, layout.mask_indptr)
-    return dataclasses.replace(
-        inputs,
-        kv_indptr=layout.kv_indptr,
-        kv_indices=layout.kv_indices,
-        custom_mask=layout.custom_mask,
-        mask_indptr=layout.mask_indptr,
-    )
+    faulty = apply_to_layout(fault, inputs)
+    if faulty.plan is not None:
+        faulty.plan.update(faulty.qo_indptr, faulty.kv_indptr, faulty.mask_indptr)
+    return faulty

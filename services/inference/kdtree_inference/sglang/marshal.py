@@ -19,49 +19,22 @@ are sized for the maximum context); the op reads only up to ``kv_indptr[-1]`` on
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kdtree_verify import VerifyMetadata
+from kdtree_verify import ForwardLayout
 from kdtree_verify.plan import VerifyPlan, make_plan
 
 
-@dataclass(frozen=True)
-class VerifyInputs:
-    """SGLang's metadata of one verify forward, as the kernel's metadata arguments."""
+@dataclass(frozen=True, kw_only=True)
+class VerifyInputs(ForwardLayout):
+    """SGLang's metadata of one verify forward, as the kernel's layout (with a ``plan`` on CUDA)
+    and the batch's static shape."""
 
     batch_size: int
     total_tokens: int
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    custom_mask: torch.Tensor | None
-    mask_indptr: torch.Tensor | None
-    plan: VerifyPlan | None = None  # on CUDA
-    # sm_scale -> the forward's VerifyMetadata: built and validated by the first layer of each
-    # scale (SGLang hands the scale to every layer call, not to the forward's metadata).
-    _kernel: dict[float, VerifyMetadata] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    def kernel_metadata(self, sm_scale: float) -> VerifyMetadata:
-        """The kernel's metadata for layers of softmax scale ``sm_scale`` (one build per forward
-        and scale; host work only, so it may run under CUDA-graph capture)."""
-        metadata = self._kernel.get(sm_scale)
-        if metadata is None:
-            metadata = VerifyMetadata.build(
-                self.qo_indptr,
-                self.kv_indptr,
-                self.kv_indices,
-                self.custom_mask,
-                self.mask_indptr,
-                sm_scale,
-                plan=self.plan,
-            )
-            self._kernel[sm_scale] = metadata
-        return metadata
 
 
 class MarshalError(ValueError):
