@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._build import load
+from .dims import V_DIM
 from .metadata import VerifyMetadata, check_contiguous
 from .plan import VerifyPlan, make_plan
 from .validation import FP8_KV_DTYPE, VerifyInputError
@@ -51,8 +52,8 @@ def check_supported(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Ten
         and k_buffer.data_ptr() % 8 == 0
     ):
         raise VerifyInputError(
-            "v_buffer: with an fp8 pool the CUDA kernel needs v_buffer to be the first 512 columns "
-            "of k_buffer's rows (SGLang's MLA pool), rows 8-byte aligned"
+            f"v_buffer: with an fp8 pool the CUDA kernel needs v_buffer to be the first {V_DIM} "
+            "columns of k_buffer's rows (SGLang's MLA pool), rows 8-byte aligned"
         )
 
 

@@ -7,6 +7,7 @@ environment (``KDTREE_ENGINE_*``, ``KDTREE_VERIFY``: ``kdtree_inference.settings
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from kdtree_verify import QK_DIM, ROPE_DIM, V_DIM
 
@@ -140,11 +141,15 @@ def default_attention_backend(device: str, mode: VerifyMode | str | None = None)
     if not isinstance(mode, VerifyMode):
         env = None if mode is None else {"KDTREE_VERIFY": mode}
         mode = InferenceSettings.from_env(env).verify
-    return {
-        VerifyMode.OFF: baseline_backend(device),
-        VerifyMode.ON: "op",
-        VerifyMode.VALIDATE: "validate",
-    }[mode]
+    match mode:
+        case VerifyMode.OFF:
+            return baseline_backend(device)
+        case VerifyMode.ON:
+            return "op"
+        case VerifyMode.VALIDATE:
+            return "validate"
+        case _:
+            assert_never(mode)
 
 
 def baseline_backend(device: str) -> str:
