@@ -7,6 +7,9 @@
 # its wheel carries. Caches stay under /tmp so a warm machine reuses them.
 #
 # Phases:
+#   tests        every GPU test but the end-to-end file (tests/gpu, against the installed packages
+#                and SGLang's real code), then `kdtree-selfcheck` as an operator runs it (its
+#                reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
 #                kimi; default eagle): validate == off, the parity gate
 #   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
@@ -62,6 +65,14 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gp
 for phase in "$@"; do
   say "phase $phase"
   case $phase in
+    tests)
+      # The checkout's tests, the installed packages: the tests' own imports of kdtree_verify and
+      # kdtree_inference resolve to $site, not to the tree.
+      timeout "${TESTS_TIMEOUT:-330}" python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" \
+        --durations=10 tests/gpu --ignore=tests/gpu/test_sglang_e2e.py >"$OUT/tests.log" 2>&1 || true
+      tail -3 "$OUT/tests.log"
+      timeout "${SELFCHECK_TIMEOUT:-200}" kdtree-selfcheck --out "$OUT/selfcheck" >"$OUT/selfcheck.log" 2>&1
+      say "kdtree-selfcheck exit $?" ;;
     correctness)
       # One pytest per configuration family (E2E_CONFIGS, default eagle), all at once: each
       # family's servers start in waves of four, and the families share the GPU.

@@ -2,13 +2,13 @@
 
 import pytest
 
+from kdtree_inference.settings import InferenceSettings
 from kdtree_inference.sglang.modes import (
     BF16_POOL_ATOL,
     FP8_POOL_ATOL,
     SettingsError,
     VerifyMode,
     VerifySettings,
-    parse_mode,
 )
 
 
@@ -41,7 +41,7 @@ def test_atol_defaults_by_the_pool_dtype_and_a_configured_one_wins():
     ],
 )
 def test_mode_values_are_case_insensitive(raw, mode):
-    assert parse_mode(raw) is mode
+    assert InferenceSettings.from_env({"KDTREE_VERIFY": raw}).verify is mode
 
 
 def test_every_setting_is_read():

@@ -15,7 +15,7 @@ from ..faults import ENV_VAR as FAULT_ENV_VAR
 from ..faults import Fault
 from ..settings import InferenceSettings, SettingsError, VerifyMode
 
-__all__ = ["SettingsError", "VerifyMode", "VerifySettings", "parse_mode"]
+__all__ = ["SettingsError", "VerifyMode", "VerifySettings"]
 
 _DEFAULTS = InferenceSettings.model_fields
 
@@ -35,11 +35,6 @@ def _checked_fault(fault: Fault | None, mode: VerifyMode) -> Fault | None:
             "write a perturbed model with bench/models/make_model.py --perturb LAYER:SIZE"
         )
     return fault
-
-
-def parse_mode(raw: str | None) -> VerifyMode:
-    """KDTREE_VERIFY's value (case-insensitive, empty = off) as a :class:`VerifyMode`."""
-    return InferenceSettings.from_env({} if raw is None else {"KDTREE_VERIFY": raw}).verify
 
 
 BF16_POOL_ATOL = 0.02
