@@ -42,10 +42,14 @@ ARG UV_VERSION=0.13.9
 # every core). It is a build tool: the RUNs that install bind-mount /opt/uv from this stage, and
 # no image carries it. /opt/uv/bin/uv-pip is uv with pip's index settings (scripts/uv_pip.sh).
 FROM ${PYTHON_SLIM_IMAGE} AS uv
+# Each stage on the Python base opens with an instruction of its own (here UV_VERSION): stages
+# that build at the same time (--jobs, or the parity and demo builds beside the inference one)
+# would otherwise each commit the same opening steps, and a later build, finding one of the
+# twins, could miss the layers built on the other and rebuild from there.
+ARG UV_VERSION
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
-ARG UV_VERSION
 RUN pip install --no-cache-dir --target /opt/uv "uv==${UV_VERSION}"
 COPY scripts/uv_pip.sh /opt/uv/bin/uv-pip
 
@@ -75,11 +79,12 @@ RUN apt-get update \
 # things torch.utils.cpp_extension and the linker expect of a toolkit and the wheels lack: lib64
 # and the unversioned libcudart.so.
 FROM ${PYTHON_SLIM_IMAGE} AS cuda-from-pypi
+# Opens with its own instruction, as the uv stage says why.
+ARG CUDA_WHEELS_VERSION
+ARG CUOBJDUMP_VERSION
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
-ARG CUDA_WHEELS_VERSION
-ARG CUOBJDUMP_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -302,6 +302,18 @@ def test_inference_image_contract() -> None:
     assert "ARG SGLANG_VERSION=0.5.23" in args and "ARG TORCH_VERSION=2.14.1" in args
 
 
+def test_stages_on_one_base_open_with_different_steps() -> None:
+    """Stages built at the same time must not commit twin opening steps: a later build finding
+    one twin misses the layers built on the other and rebuilds (from the network) from there."""
+    stages = dockerfile_stages()
+    on_python = [
+        n for n, lines in stages.items() if lines[0].startswith("FROM ${PYTHON_SLIM_IMAGE}")
+    ]
+    assert set(on_python) == {"uv", "cuda-from-pypi", "parity", "demo"}
+    openings = [stages[name][1] for name in on_python]
+    assert len(set(openings)) == len(openings), dict(zip(on_python, openings, strict=True))
+
+
 def test_every_final_stage_runs_as_a_non_root_user() -> None:
     for name in ("inference", "parity", "demo"):
         users = [line for line in dockerfile_stages()[name] if line.startswith("USER ")]
