@@ -68,6 +68,36 @@ def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProc
     )
 
 
+def run_gate(
+    baseline: str,
+    candidate: str,
+    corpus: str | Path,
+    policy: str | Path,
+    out: Path,
+    db: Path,
+    *more: str | Path,
+) -> subprocess.CompletedProcess:
+    """``kdtree-parity run`` of a baseline and a candidate with a corpus and a policy, reports to
+    OUT, runs stored in DB, no progress bar; ``more`` flags after those."""
+    return run_cli(
+        "run",
+        "--baseline",
+        baseline,
+        "--candidate",
+        candidate,
+        "--corpus",
+        corpus,
+        "--policy",
+        policy,
+        "--out",
+        out,
+        "--db",
+        db,
+        "--no-progress",
+        *more,
+    )
+
+
 def only_report(out: Path) -> dict:
     reports = list(out.glob("*/report.json"))
     assert len(reports) == 1, reports

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import listener_pid, only_report, run_cli, write_inputs
+from parity_support import listener_pid, only_report, run_cli, run_gate, write_inputs
 from PIL import Image
 
 from kdtree_parity.corpus import parse_corpus
@@ -44,21 +44,13 @@ def test_identical_servers_pass(shared_pair: tuple[str, str], tmp_path: Path) ->
     baseline, candidate = shared_pair
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli(
-        "run",
-        "--baseline",
+    done = run_gate(
         baseline,
-        "--candidate",
         candidate,
-        "--corpus",
         corpus,
-        "--policy",
         policy,
-        "--out",
         out,
-        "--db",
         db,
-        "--no-progress",
         "--baseline-image",
         "sha256:base",
         "--candidate-image",
@@ -88,24 +80,7 @@ def test_faulty_candidate_fails_with_named_hard_divergences(
     candidate = reference_server(fault_layer=1, fault_scale=1.5)
     corpus, policy = write_inputs(tmp_path, 8)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli(
-        "run",
-        "--baseline",
-        baseline,
-        "--candidate",
-        candidate,
-        "--replica",
-        replica,
-        "--corpus",
-        corpus,
-        "--policy",
-        policy,
-        "--out",
-        out,
-        "--db",
-        db,
-        "--no-progress",
-    )
+    done = run_gate(baseline, candidate, corpus, policy, out, db, "--replica", replica)
     assert done.returncode == 1, done.stderr
     report = only_report(out)
     assert report["verdict"]["status"] == "fail"
@@ -134,22 +109,7 @@ def test_logprob_drift_catches_a_numerics_change_before_any_token_flips(
     candidate = reference_server(fault_layer=1, fault_scale=1.001)
     corpus, policy = write_inputs(tmp_path, 8, gate={"max_logprob_drift_p99": 0.0005})
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli(
-        "run",
-        "--baseline",
-        baseline,
-        "--candidate",
-        candidate,
-        "--corpus",
-        corpus,
-        "--policy",
-        policy,
-        "--out",
-        out,
-        "--db",
-        db,
-        "--no-progress",
-    )
+    done = run_gate(baseline, candidate, corpus, policy, out, db)
     assert done.returncode == 1, done.stderr
     report = only_report(out)
     s = report["summary"]
@@ -260,22 +220,7 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         corpus, policy = write_inputs(tmp_path, 3, timeout_s=3, max_new_tokens=2)
         out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
         started = time.monotonic()
-        done = run_cli(
-            "run",
-            "--baseline",
-            baseline,
-            "--candidate",
-            proxy.url,
-            "--corpus",
-            corpus,
-            "--policy",
-            policy,
-            "--out",
-            out,
-            "--db",
-            db,
-            "--no-progress",
-        )
+        done = run_gate(baseline, proxy.url, corpus, policy, out, db)
         assert done.returncode == 0, done.stderr
         assert time.monotonic() - started > 3
         report = only_report(out)
@@ -288,22 +233,7 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         # 503 (overloaded/starting) is retried too: every first attempt gets one, all pass.
         proxy.slow_first, proxy.unavailable_first = 0, 1
         proxy.generate_bodies.clear()
-        done = run_cli(
-            "run",
-            "--baseline",
-            baseline,
-            "--candidate",
-            proxy.url,
-            "--corpus",
-            corpus,
-            "--policy",
-            policy,
-            "--out",
-            tmp_path / "out503",
-            "--db",
-            db,
-            "--no-progress",
-        )
+        done = run_gate(baseline, proxy.url, corpus, policy, tmp_path / "out503", db)
         assert done.returncode == 0, done.stderr
         report = only_report(tmp_path / "out503")
         attempts = [s["attempts"] for p in report["prompts"] for s in p["sides"]]
@@ -314,22 +244,7 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         proxy.slow_first = 10**6
         proxy.generate_bodies.clear()
         out2 = tmp_path / "out2"
-        done = run_cli(
-            "run",
-            "--baseline",
-            baseline,
-            "--candidate",
-            proxy.url,
-            "--corpus",
-            corpus,
-            "--policy",
-            policy,
-            "--out",
-            out2,
-            "--db",
-            db,
-            "--no-progress",
-        )
+        done = run_gate(baseline, proxy.url, corpus, policy, out2, db)
         assert done.returncode == 2, done.stderr
         report = only_report(out2)
         assert report["verdict"]["status"] == "error"
@@ -393,22 +308,7 @@ def test_shipped_short_policy_fails_a_perturbation_on_drift_alone_and_passes_the
     verdicts, why = {}, {}
     for name, candidate in (("op", op), ("perturbed", perturbed)):
         out = tmp_path / name
-        done = run_cli(
-            "run",
-            "--baseline",
-            baseline,
-            "--candidate",
-            candidate,
-            "--corpus",
-            "short",
-            "--policy",
-            "short",
-            "--out",
-            out,
-            "--db",
-            tmp_path / "runs.sqlite3",
-            "--no-progress",
-        )
+        done = run_gate(baseline, candidate, "short", "short", out, tmp_path / "runs.sqlite3")
         report = only_report(out)
         why[name] = (report["verdict"]["reasons"], report["summary"], done.stderr[-2000:])
         assert report["summary"]["aa"]["drift"]["max"] == 0.0, why[name]

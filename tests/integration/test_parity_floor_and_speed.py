@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from parity_support import only_report, run_cli
+from parity_support import only_report, run_gate
 
 pytestmark = pytest.mark.slow
 
@@ -30,23 +30,15 @@ def servers(reference_server_module) -> dict[str, str]:
 
 
 def _gate(servers: dict[str, str], candidate: str, out: Path, *extra: str):
-    done = run_cli(
-        "run",
-        "--baseline",
+    done = run_gate(
         servers["baseline"],
-        "--candidate",
         servers[candidate],
+        "short",
+        "short",
+        out,
+        out.parent / "runs.sqlite3",
         "--floor",
         servers["floor"],
-        "--corpus",
-        "short",
-        "--policy",
-        "short",
-        "--out",
-        out,
-        "--db",
-        out.parent / "runs.sqlite3",
-        "--no-progress",
         *extra,
     )
     report = only_report(out)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import listener_pid, only_report, run_cli, write_inputs
+from parity_support import listener_pid, only_report, run_cli, run_gate, write_inputs
 
 from kdtree_inference.engine.config import ModelConfig
 from kdtree_inference.engine.model import save_weights, seeded_weights
@@ -50,23 +50,7 @@ def gate_run(tmp_path: Path, baseline: str, candidate: str, *extra: str):
     """One CLI run over the first PROMPTS prompts, min_prompts = all of them."""
     corpus, policy = write_inputs(tmp_path, PROMPTS)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli(
-        "run",
-        "--baseline",
-        baseline,
-        "--candidate",
-        candidate,
-        "--corpus",
-        corpus,
-        "--policy",
-        policy,
-        "--out",
-        out,
-        "--db",
-        db,
-        "--no-progress",
-        *extra,
-    )
+    done = run_gate(baseline, candidate, corpus, policy, out, db, *extra)
     return done, out
 
 

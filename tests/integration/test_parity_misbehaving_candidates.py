@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import only_report, run_cli, write_inputs
+from parity_support import only_report, run_cli, run_gate, write_inputs
 
 from kdtree_parity.client import TargetClient, build_generate_request
 from kdtree_parity.corpus import load_corpus
@@ -45,22 +45,7 @@ def gate_run(
     if corpus_extra:
         corpus.write_text(corpus.read_text() + corpus_extra)
     out, db = tmp_path / "out", tmp_path / "runs.sqlite3"
-    done = run_cli(
-        "run",
-        "--baseline",
-        baseline,
-        "--candidate",
-        candidate,
-        "--corpus",
-        corpus,
-        "--policy",
-        policy,
-        "--out",
-        out,
-        "--db",
-        db,
-        "--no-progress",
-    )
+    done = run_gate(baseline, candidate, corpus, policy, out, db)
     return done, out, db
 
 
