@@ -68,7 +68,7 @@ def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProc
     )
 
 
-def run_gate(
+def gate_command(
     baseline: str,
     candidate: str,
     corpus: str | Path,
@@ -76,26 +76,26 @@ def run_gate(
     out: Path,
     db: Path,
     *more: str | Path,
-) -> subprocess.CompletedProcess:
-    """``kdtree-parity run`` of a baseline and a candidate with a corpus and a policy, reports to
-    OUT, runs stored in DB, no progress bar; ``more`` flags after those."""
-    return run_cli(
+) -> list[str]:
+    """The ``kdtree-parity run`` of a baseline and a candidate with a corpus and a policy, reports
+    to OUT, runs stored in DB, no progress bar, ``more`` flags after those: the command line."""
+    flags = {"--baseline": baseline, "--candidate": candidate, "--corpus": corpus}
+    flags |= {"--policy": policy, "--out": out, "--db": db}
+    pairs = [str(item) for flag, value in flags.items() for item in (flag, value)]
+    return [
+        sys.executable,
+        "-m",
+        "kdtree_parity.cli",
         "run",
-        "--baseline",
-        baseline,
-        "--candidate",
-        candidate,
-        "--corpus",
-        corpus,
-        "--policy",
-        policy,
-        "--out",
-        out,
-        "--db",
-        db,
+        *pairs,
         "--no-progress",
-        *more,
-    )
+        *map(str, more),
+    ]
+
+
+def run_gate(*args: str | Path) -> subprocess.CompletedProcess:
+    """:func:`gate_command`'s run to its end (its arguments are gate_command's)."""
+    return run_cli(*gate_command(*args)[3:])
 
 
 def only_report(out: Path) -> dict:

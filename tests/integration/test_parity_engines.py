@@ -16,14 +16,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import listener_pid, only_report, run_cli, run_gate, write_inputs
+from parity_support import gate_command, listener_pid, only_report, run_cli, run_gate, write_inputs
 from PIL import Image
 
 from kdtree_parity.corpus import parse_corpus
@@ -256,25 +255,7 @@ def test_slow_candidate_hits_timeout_and_retries_as_configured(
         # SIGTERM while requests hang: the CLI records the run as interrupted and exits 2.
         out3 = tmp_path / "out3"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kdtree_parity.cli",
-                "run",
-                "--baseline",
-                baseline,
-                "--candidate",
-                proxy.url,
-                "--corpus",
-                str(corpus),
-                "--policy",
-                str(policy),
-                "--out",
-                str(out3),
-                "--db",
-                str(db),
-                "--no-progress",
-            ],
+            gate_command(baseline, proxy.url, corpus, policy, out3, db),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

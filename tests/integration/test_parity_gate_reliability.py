@@ -17,13 +17,12 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from parity_proxy import ForwardingProxy
-from parity_support import listener_pid, only_report, run_cli, run_gate, write_inputs
+from parity_support import gate_command, listener_pid, only_report, run_cli, run_gate, write_inputs
 
 from kdtree_inference.engine.config import ModelConfig
 from kdtree_inference.engine.model import save_weights, seeded_weights
@@ -298,27 +297,16 @@ def test_resume_refuses_other_weights_after_the_sidecar_was_killed(
     try:
         sidecar.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kdtree_parity.cli",
-                    "run",
-                    "--baseline",
+                gate_command(
                     baseline,
-                    "--candidate",
                     proxy.url,
-                    "--corpus",
-                    str(corpus),
-                    "--policy",
-                    str(policy),
-                    "--out",
-                    str(out),
-                    "--db",
-                    str(db),
-                    "--no-progress",
+                    corpus,
+                    policy,
+                    out,
+                    db,
                     "--candidate-image",
                     "kdtree/inference:latest",
-                ],
+                ),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
