@@ -239,7 +239,9 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
 # Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
-# invalidates the cached layers of that RUN (the installs above are slow).
+# invalidates the cached layers of that RUN (the installs above are slow). (podman 4's buildah
+# reuses a cached LABEL step whatever VCS_REF is: scripts/container_ci.sh also passes the
+# revision with --label.)
 ARG VCS_REF=unknown
 ARG SOURCE_URL=https://example.invalid/kdtree
 LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
