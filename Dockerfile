@@ -239,11 +239,13 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
 # Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
-# invalidates the cached layers of that RUN (the installs above are slow). (podman 4's buildah
-# reuses a cached LABEL step whatever VCS_REF is: scripts/container_ci.sh also passes the
-# revision with --label.)
+# invalidates the cached layers of that RUN (the installs above are slow).
 ARG VCS_REF=unknown
 ARG SOURCE_URL=https://example.invalid/kdtree
+# podman 4's buildah finds a cached LABEL step by its text, whatever the ARG values in it: a
+# later revision got the earlier one's label. A RUN is found by its ARG values too, so the steps
+# from here on are each revision's own (an empty layer; BuildKit needs none of it).
+RUN test -n "${VCS_REF}"
 LABEL org.opencontainers.image.title="kdtree inference (SGLang ${SGLANG_VERSION} + kdtree-verify)" \
       org.opencontainers.image.description="SGLang with the kdtree MLA tree-verify attention kernel" \
       org.opencontainers.image.revision="${VCS_REF}" \
@@ -283,6 +285,8 @@ RUN pip install /opt/kdtree/services/parity \
 # Labels last, as in the inference stage.
 ARG VCS_REF=unknown
 ARG SOURCE_URL=https://example.invalid/kdtree
+# Each revision's own labels, as the inference stage says why.
+RUN test -n "${VCS_REF}"
 LABEL org.opencontainers.image.title="kdtree parity sidecar" \
       org.opencontainers.image.revision="${VCS_REF}" \
       org.opencontainers.image.source="${SOURCE_URL}"
@@ -315,6 +319,8 @@ RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
 # Labels last, as in the inference stage.
 ARG VCS_REF=unknown
 ARG SOURCE_URL=https://example.invalid/kdtree
+# Each revision's own labels, as the inference stage says why.
+RUN test -n "${VCS_REF}"
 LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
       org.opencontainers.image.revision="${VCS_REF}" \
       org.opencontainers.image.source="${SOURCE_URL}" \

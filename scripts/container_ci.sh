@@ -231,12 +231,9 @@ build_image() {
   step "building kdtree/$target:latest (Dockerfile target $target, revision $revision)"
   read -r -a extra <<<"${TARGET_ARGS[$target]:-}"
   started=$(date +%s)
-  # --format docker keeps HEALTHCHECK (OCI image configs have no such field). The revision goes in
-  # as a --label too: podman 4.3's buildah reuses a cached LABEL step with the ARG values of the
-  # build that made it, so a new revision would keep the old one's label.
+  # --format docker keeps HEALTHCHECK (OCI image configs have no such field).
   podman build --network host --pull=never --format docker --target "$target" \
     --build-arg "PYTHON_SLIM_IMAGE=$BASE_IMAGE" --build-arg "VCS_REF=$revision" \
-    --label "org.opencontainers.image.revision=$revision" \
     "${extra[@]}" "${PIP_ARGS[@]}" "${VOLUMES[@]}" --tag "localhost/kdtree/$target:latest" .
   step "kdtree/$target:latest built in $(($(date +%s) - started)) s," \
     "$(gigabytes "$(image_size "localhost/kdtree/$target:latest")") GB"

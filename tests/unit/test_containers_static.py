@@ -314,6 +314,18 @@ def test_stages_on_one_base_open_with_different_steps() -> None:
     assert len(set(openings)) == len(openings), dict(zip(on_python, openings, strict=True))
 
 
+def test_each_revision_gets_its_own_labels() -> None:
+    """podman 4 finds a cached LABEL step by its text alone: a RUN that takes VCS_REF (cached by
+    its value) comes before each final stage's labels, or a revision inherits an earlier one's."""
+    for name in ("inference", "parity", "demo"):
+        lines = dockerfile_stages()[name]
+        label = next(i for i, line in enumerate(lines) if line.startswith("LABEL "))
+        assert "${VCS_REF}" in lines[label]
+        runs = [line for line in lines[:label] if line.startswith("RUN ")]
+        assert runs and "${VCS_REF}" in runs[-1], (name, runs[-1:])
+        assert lines.index("ARG VCS_REF=unknown") < lines.index(runs[-1])
+
+
 def test_every_final_stage_runs_as_a_non_root_user() -> None:
     for name in ("inference", "parity", "demo"):
         users = [line for line in dockerfile_stages()[name] if line.startswith("USER ")]
