@@ -43,7 +43,7 @@ ARG UV_VERSION=0.13.9
 # no image carries it. /opt/uv/bin/uv-pip is uv with pip's index settings (scripts/uv_pip.sh).
 FROM ${PYTHON_SLIM_IMAGE} AS uv
 # Each stage on the Python base opens with an instruction of its own (here UV_VERSION): stages
-# that build at the same time (--jobs, or the parity and demo builds beside the inference one)
+# that build at the same time (BuildKit's stages, or the parity and demo builds beside the inference one)
 # would otherwise each commit the same opening steps, and a later build, finding one of the
 # twins, could miss the layers built on the other and rebuild from there.
 ARG UV_VERSION
@@ -133,7 +133,9 @@ FROM cuda-from-${CUDA_SOURCE} AS cuda-python
 # ~2.5 GB, one layer each, with no further resolving (docs/operations.md, "Disk").
 # This stage holds the slices the kernel is compiled against (CUDA's libraries, torch with its
 # own dependencies, ninja): the kernel's build and the rest of SGLang's set both start from it,
-# side by side in a builder that runs stages in parallel (podman build --jobs, BuildKit).
+# side by side in a builder that runs stages in parallel (BuildKit; podman 4's --jobs would start
+# the runtime before the kernel-build stage it bind-mounts, so scripts/container_ci.sh builds in
+# order).
 FROM cuda-python AS torch-runtime
 # Inherited from either CUDA stage; said again because the resolve below pipes.
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

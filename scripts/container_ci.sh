@@ -200,9 +200,10 @@ case $INFERENCE_IMAGE_IN_CI in 0 | 1) ;; *) die "KDTREE_CI_INFERENCE_IMAGE: 0 or
 read -r -a TARGETS <<<"${KDTREE_CI_IMAGES-parity demo}"
 LOADED=("${TARGETS[@]}")
 # The kernel's arch list from its one source, as make passes it (the image's label names it).
-# --jobs 2: the kernel's compile runs beside the install of the rest of SGLang's set.
+# Stages in order: podman 4.3's --jobs does not wait for a stage that another one only
+# bind-mounts (the runtime's kernel tar from kernel-build), and the runtime raced ahead of it.
 declare -A TARGET_ARGS=(
-  [inference]="--jobs 2 --build-arg CUDA_SOURCE=pypi --build-arg KDTREE_CUDA_ARCHS=$(<kernel/kdtree_verify/cuda_archs.txt)"
+  [inference]="--build-arg CUDA_SOURCE=pypi --build-arg KDTREE_CUDA_ARCHS=$(<kernel/kdtree_verify/cuda_archs.txt)"
 )
 
 build_images() {
