@@ -10,7 +10,8 @@ K prompts of a corpus for each K in ``--corpus-sizes``. Writes to ``--out``:
 
 - ``resolution.json``: the policy and corpus used, every cell (candidate, corpus size, verdict,
   the figures that decided it) and, per fault kind, the smallest size that failed at each corpus
-  size and the largest that passed;
+  size and the largest that passed; rewritten after every cell (``"complete": false`` until the
+  grid ends), so a run cut short keeps what it measured;
 - ``resolution.md``: the same as tables;
 - ``raw.tar.xz``: ``raw/``, every server's log, every gate run's stdout/stderr and its report
   directory (left unpacked if the grid fails).
@@ -72,7 +73,7 @@ class Candidate:
     env: dict[str, str]
     kind: str | None = None  # the fault kind, None for a control
     size: float | None = None
-    options: dict = field(default_factory=dict)  # engine CLI options (the kv-splits control)
+    options: dict = field(default_factory=dict)  # server options (the A/A' floor's control)
 
 
 @dataclass
@@ -87,20 +88,44 @@ class Cell:
     figures: dict = field(default_factory=dict)
 
 
-def candidates(faults: list[str], kv_splits: int | None = None) -> list[Candidate]:
-    """The controls (plus, with ``kv_splits``, the split-KV equivalent-numerics candidate), then
-    one candidate per fault."""
+@dataclass(frozen=True)
+class Floor:
+    """An A/A' floor: the baseline started with ``options`` (an equivalent, not bit-identical
+    computation) for a gate that takes ``--floor``. ``name`` also names the candidate that
+    starts the same configuration in a process of its own, which must pass against it."""
+
+    name: str
+    options: dict
+    label: str
+
+
+def kv_splits_floor(splits: int) -> Floor:
+    """The reference engine's floor: attention in ``splits`` key chunks merged by log-sum-exp."""
+    return Floor(
+        f"kv_splits_{splits}",
+        {"attention_kv_splits": splits},
+        f"baseline with --attention-kv-splits {splits}",
+    )
+
+
+# SGLang's floor: EAGLE's chain instead of its tree. Greedy tokens do not depend on the draft,
+# and other accept lengths put each token's keys at other tile boundaries and prefix/draft
+# splits of the target's verify attention (docs/parity.md, "How to choose A/A'").
+CHAIN_FLOOR = Floor(
+    "eagle_chain", {"speculation": "chain"}, "baseline with EAGLE's chain (top-k 1)"
+)
+
+
+def candidates(faults: list[str], floor: Floor | None = None) -> list[Candidate]:
+    """The controls (plus, with a ``floor``, its configuration as a candidate), then one
+    candidate per fault."""
     out = [
         Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env})
         for name, env in CONTROLS.items()
     ]
-    if kv_splits:
+    if floor:
         out.append(
-            Candidate(
-                f"kv_splits_{kv_splits}",
-                {"KDTREE_VERIFY": "off", ENV_VAR: ""},
-                options={"attention_kv_splits": kv_splits},
-            )
+            Candidate(floor.name, {"KDTREE_VERIFY": "off", ENV_VAR: ""}, options=floor.options)
         )
     for spec in faults:
         fault = parse_fault(spec)  # refuses a malformed grid before any server starts
@@ -224,8 +249,9 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
     def start(
         raw: Path, tag: str, env: dict[str, str], options: dict | None = None
     ) -> Iterator[str]:
-        if options:
-            raise ValueError(f"{tag}: engine options {options} have no SGLang counterpart here")
+        unknown = set(options or {}) - {"speculation"}
+        if unknown:
+            raise ValueError(f"{tag}: options {sorted(unknown)} have no SGLang counterpart here")
         env = dict(env)
         model, fault = model_dir, parse_fault(env.get(ENV_VAR))
         if fault is not None and fault.kind == "weight":
@@ -240,7 +266,13 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
         if fault is not None and fault.kind != "weight":
             mode = "on"
         spec = ServerSpec(
-            name=tag, mode=mode, model=model, cuda_graphs=False, radix_cache=False, env=env
+            name=tag,
+            mode=mode,
+            model=model,
+            cuda_graphs=False,
+            radix_cache=False,
+            env=env,
+            **(options or {}),
         )
         server = SGLangServer(spec, raw / "servers")
         try:
@@ -263,14 +295,13 @@ def measure(
     log=print,
     start_server: StartServer = engine_server,
     servers: str = "reference engine",
-    floor_kv_splits: int | None = None,
+    floor: Floor | None = None,
     pack_raw: bool = True,
 ) -> dict:
-    """Run the grid; return (and write to ``out``) the table; ``pack_raw``: the raw folder
-    becomes ``raw.tar.xz``. ``start_server(raw, tag, env,
-    options)`` starts one server (the baseline: tag ``baseline``) and yields its URL.
-    ``floor_kv_splits``: also start an A/A' floor (the baseline with ``--attention-kv-splits``,
-    for a gate that takes ``--floor``) and add that configuration as a candidate."""
+    """Run the grid; return (and write to ``out``, after every cell) the table; ``pack_raw``:
+    the raw folder becomes ``raw.tar.xz``. ``start_server(raw, tag, env, options)`` starts one
+    server (the baseline: tag ``baseline``) and yields its URL. ``floor``: also start that A/A'
+    floor, judge every candidate against it, and add its configuration as a candidate."""
     raw = out / "raw"
     for sub in ("servers", "gate", "runs"):
         (raw / sub).mkdir(parents=True, exist_ok=True)
@@ -281,20 +312,36 @@ def measure(
     cells: list[Cell] = []
     started = time.monotonic()
     stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
+    out.mkdir(parents=True, exist_ok=True)
+
+    def table(complete: bool) -> dict:
+        done = {
+            "servers": servers,
+            "floor": floor.label if floor else None,
+            "policy": {"base": policy_name, "min_prompts": min(sizes), "settings": policy_data},
+            "corpus": "first K prompts of short + default",
+            "corpus_sizes": sizes,
+            "max_new_tokens": policy_data.get("replay", {}).get("max_new_tokens"),
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "complete": complete,
+            "cells": [cell.__dict__ for cell in cells],
+            "resolution": resolution(cells, sizes),
+        }
+        (out / "resolution.json").write_text(json.dumps(done, indent=2) + "\n")
+        (out / "resolution.md").write_text(markdown(done))
+        return done
+
     with contextlib.ExitStack() as stack:
         baseline = stack.enter_context(start_server(raw, "baseline", stock))
-        floor = None
-        if floor_kv_splits:
-            floor_server = start_server(
-                raw, "floor", stock, {"attention_kv_splits": floor_kv_splits}
-            )
-            floor = stack.enter_context(floor_server)
-        for cand in candidates(faults, floor_kv_splits):
+        floor_url = None
+        if floor:
+            floor_url = stack.enter_context(start_server(raw, "floor", stock, floor.options))
+        for cand in candidates(faults, floor):
             tag = cand.name.replace(":", "_")
             with start_server(raw, tag, cand.env, cand.options) as url:
                 for k in sizes:
                     code, report = judge(
-                        baseline, url, corpora[k], policy, raw, f"{tag}_{k}", floor
+                        baseline, url, corpora[k], policy, raw, f"{tag}_{k}", floor_url
                     )
                     verdict = (report.get("verdict") or {}).get("status") or "error"
                     cell = Cell(
@@ -312,26 +359,14 @@ def measure(
                         f"{cand.name:>22} x {k:>3} prompts: {verdict} (exit {code}) "
                         f"{cell.failed_rules}"
                     )
-    table = {
-        "servers": servers,
-        "floor": f"baseline with --attention-kv-splits {floor_kv_splits}" if floor else None,
-        "policy": {"base": policy_name, "min_prompts": min(sizes), "settings": policy_data},
-        "corpus": "first K prompts of short + default",
-        "corpus_sizes": sizes,
-        "max_new_tokens": policy_data.get("replay", {}).get("max_new_tokens"),
-        "elapsed_s": round(time.monotonic() - started, 1),
-        "cells": [cell.__dict__ for cell in cells],
-        "resolution": resolution(cells, sizes),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "resolution.json").write_text(json.dumps(table, indent=2) + "\n")
-    (out / "resolution.md").write_text(markdown(table))
+                    table(complete=False)
+    final = table(complete=True)
     # Hundreds of small logs travel as one archive (the raw folder stays if anything above fails).
     if pack_raw:
         with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
             archive.add(raw, arcname="raw")
         shutil.rmtree(raw)
-    return table
+    return final
 
 
 def resolution(cells: list[Cell], sizes: list[int]) -> dict:
@@ -365,6 +400,12 @@ def markdown(table: dict) -> str:
         f"corpus: {table['corpus']}. Generated by `bench/parity_resolution.py` in "
         f"{table['elapsed_s']} s.",
         "",
+    ]
+    if table.get("floor"):
+        lines += [f"Every candidate is judged against an A/A' floor: the {table['floor']}.", ""]
+    if table.get("complete") is False:
+        lines += ["**Partial**: the grid stopped before its last cell; the cells below ran.", ""]
+    lines += [
         "| candidate | " + " | ".join(f"{k} prompts" for k in sizes) + " |",
         "|---|" + "---|" * len(sizes),
     ]
@@ -425,8 +466,12 @@ def main(argv: list[str] | None = None) -> int:
         "--floor-kv-splits",
         type=int,
         default=None,
-        help="engine: judge against an A/A' floor, the baseline with "
-        "--attention-kv-splits N (needs a gate with --floor)",
+        help="engine: judge against an A/A' floor, the baseline with --attention-kv-splits N",
+    )
+    p.add_argument(
+        "--floor-chain",
+        action="store_true",
+        help="sglang: judge against an A/A' floor, the baseline with EAGLE's chain (top-k 1)",
     )
     args = p.parse_args(argv)
     try:
@@ -449,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
             args.policy,
             start_server=start,
             servers=f"SGLang, {args.preset} model",
+            floor=CHAIN_FLOOR if args.floor_chain else None,
         )
     else:
-        measure(faults, sizes, args.out, args.policy, floor_kv_splits=args.floor_kv_splits)
+        floor = kv_splits_floor(args.floor_kv_splits) if args.floor_kv_splits else None
+        measure(faults, sizes, args.out, args.policy, floor=floor)
     print(f"wrote {args.out / 'resolution.md'} and {args.out / 'resolution.json'}")
     return 0
 

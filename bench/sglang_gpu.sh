@@ -18,10 +18,13 @@
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
 #   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
-#   resolution   bench/parity_resolution.py --servers sglang on the tiny model: an off baseline,
-#                an identical and an on candidate, on-with-KDTREE_INJECT_FAULT candidates and
-#                perturbed-weight copies, through the real gate (default policy), eager forwards;
-#                RESOLUTION_SIZES / RESOLUTION_FAULTS override the grid
+#   resolution   bench/parity_resolution.py --servers sglang on the tiny model: an off baseline
+#                and its A/A' floor (EAGLE's chain), an identical, an on and a chain candidate,
+#                on-with-KDTREE_INJECT_FAULT candidates and perturbed-weight copies, through the
+#                real gate (bench/models/parity_policy.yaml), eager forwards; RESOLUTION_SIZES /
+#                RESOLUTION_FAULTS override the grid, RESOLUTION_TIMEOUT cuts it (table kept)
+# Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
+# phases that check correctness: timing phases run alone).
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV):
@@ -62,7 +65,8 @@ python3 -m kdtree_verify._build 2>&1 | tail -2
 python3 -c 'import torch, sglang, kdtree_verify; print("sglang", sglang.__version__, "torch", torch.__version__, torch.cuda.get_device_name(), "kdtree_verify from", kdtree_verify.__file__)'
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
-for phase in "$@"; do
+run_phase() {
+  local phase=$1
   say "phase $phase"
   case $phase in
     tests)
@@ -112,10 +116,12 @@ for phase in "$@"; do
         --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
     resolution)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
-      python3 bench/parity_resolution.py --servers sglang --model-dir /tmp/models/tiny \
-        --policy default --out "$OUT/resolution" --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
+      # SIGINT at the limit: the grid stops its servers, and its table so far stays written.
+      timeout -s INT "${RESOLUTION_TIMEOUT:-560}" python3 bench/parity_resolution.py \
+        --servers sglang --model-dir /tmp/models/tiny --floor-chain \
+        --policy bench/models/parity_policy.yaml --out "$OUT/resolution" --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
         --faults "${RESOLUTION_FAULTS:-scale:0.001,scale:0.01,scale:0.05,weight:1:0.004,weight:1:0.01,weight:1:0.05,kv_drop:64,kv_drop:16,kv_drop:0,tree_mask:7,tree_mask:3,tree_mask:0}" \
-        2>&1 | tee "$OUT/resolution.log"
+        2>&1 | tee "$OUT/resolution.log" || true
       cp "$OUT/resolution/resolution.json" "$OUT/resolution/resolution.md" "$OUT/" || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
@@ -123,6 +129,19 @@ for phase in "$@"; do
   if [ -d "$OUT/$phase" ]; then
     tar -C "$OUT" -cJf "$OUT/$phase.tar.xz" "$phase" && rm -rf "${OUT:?}/$phase"
   fi
+}
+
+for group in "$@"; do
+  IFS=+ read -ra phases <<<"$group"
+  if [ "${#phases[@]}" -eq 1 ]; then
+    run_phase "${phases[0]}"
+    continue
+  fi
+  # Phases joined by '+' share the GPU at once (after one install and build): correctness phases
+  # only, since each slows the others down.
+  pids=()
+  for phase in "${phases[@]}"; do run_phase "$phase" & pids+=($!); done
+  for pid in "${pids[@]}"; do wait "$pid" || say "a phase of $group exited $?"; done
 done
 # The compile caches, for a later command to carry (KDTREE_GPU_CACHES): Triton's, the kernel's.
 say "caches: $(du -sh /tmp/triton-cache /tmp/kdtree-build 2>/dev/null | tr '\n' ' ')"
