@@ -72,6 +72,22 @@ def test_gap_beyond_epsilon_is_hard_even_when_in_top_k() -> None:
     assert c.gap_a == pytest.approx(2.9)
 
 
+@pytest.mark.parametrize(
+    ("gap", "klass"),
+    [
+        # One logit step of 0.25 as a server reports it (e2e 15's kimi-rank gate): float32
+        # logprobs of bf16 logits put it a few ulps above the step.
+        (-12.500000 - -12.750000596, "near_tie"),
+        (0.25, "near_tie"),
+        (0.2502, "hard"),
+    ],
+)
+def test_a_gap_at_epsilon_up_to_float32_rounding_is_a_near_tie(gap: float, klass: str) -> None:
+    a = gen([2], [-12.5], [{2: -12.5, 9: -12.5 - gap}])
+    b = gen([9], [-12.5], [{9: -12.5, 2: -12.5 - 0.25}])
+    assert compare_generations(a, b, epsilon=0.25).divergence_class == klass
+
+
 def test_token_missing_from_other_top_k_is_hard() -> None:
     a = gen([2], [-0.1], [{2: -0.1, 3: -2.0}])
     b = gen([9], [-0.1], [{9: -0.1, 2: -0.12}])

@@ -28,6 +28,10 @@ from typing import Any, Literal
 from kdtree_parity.generation import Generation
 
 DivergenceClass = Literal["near_tie", "hard"]
+# Servers compute logprobs in float32 from bf16 logits: a gap of exactly k logit steps arrives as
+# k steps plus a few float32 ulps (0.25000006 for one step of 0.25). A gap within this of
+# epsilon is at epsilon; the smallest logit step that matters is 1e3 times larger.
+GAP_ROUNDING = 1e-4
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -162,7 +166,7 @@ def classify_divergence(
     if gap_b is None:
         return "hard", f"token {token_a} is not in the second side's top-k", gap_a, None
     worst = max(gap_a, gap_b)
-    if worst <= epsilon:
+    if worst <= epsilon + GAP_ROUNDING:
         return "near_tie", f"both tokens in both top-k, gaps {gap_a:.4g}/{gap_b:.4g}", gap_a, gap_b
     return (
         "hard",
