@@ -1,6 +1,7 @@
-"""``kdtree-parity``: run the gate, render a stored run's report, list runs, serve the service.
+"""``kdtree-parity``: run the gate, render a stored run's report, decide a stored run again under
+another policy, list runs, serve the service.
 
-Exit codes of ``run`` (and ``report``): 0 pass, 1 fail, 2 could not decide (the baseline side
+Exit codes of ``run`` (and ``report``, ``judge``): 0 pass, 1 fail, 2 could not decide (the baseline side
 failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
 report's path go to stdout; progress, logs and errors to stderr.
 """
@@ -24,7 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kdtree_parity.exit_codes import ExitCode
+from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
+from kdtree_parity.rejudge import NotDecided, rejudge
 from kdtree_parity.report import build_report, render_with_resolution
 from kdtree_parity.report import write_report_files as write_reports
 from kdtree_parity.report.resolution import ResolutionError, ResolutionTable, load_resolution
@@ -40,7 +43,15 @@ from kdtree_parity.runner import (
     start_run,
 )
 from kdtree_parity.settings import ParitySettings, SettingsError, load_settings
-from kdtree_parity.store import AsyncStore, LeaseLost, RunRecord, RunStatus, Store, StoreError
+from kdtree_parity.store import (
+    VERDICT_TO_STATUS,
+    AsyncStore,
+    LeaseLost,
+    RunRecord,
+    RunStatus,
+    Store,
+    StoreError,
+)
 
 EXIT: dict[RunStatus, ExitCode] = {
     "passed": ExitCode.PASSED,
@@ -141,6 +152,15 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     )
     _add_db(report, settings)
 
+    judge = sub.add_parser(
+        "judge",
+        help="decide a stored run again under another policy, replaying nothing (exit 0 pass, "
+        "1 fail); the stored run and its verdict stay as they are",
+    )
+    judge.add_argument("run_id")
+    judge.add_argument("--policy", required=True, help="YAML path or default|short")
+    _add_db(judge, settings)
+
     lst = sub.add_parser("list", help="list stored runs, newest first")
     lst.add_argument("--limit", type=int, default=20)
     _add_db(lst, settings)
@@ -164,13 +184,16 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     return parser
 
 
-def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
-    v = report.verdict
-    colour = {"pass": "green", "fail": "red", "error": "yellow"}[v.status]
-    results.print(f"[bold {colour}]verdict: {v.status.upper()}[/] (run {report.run.id})")
-    for r in v.reasons:
+def _print_reasons(status: str, reasons: Sequence, heading: str) -> None:
+    colour = {"pass": "green", "fail": "red", "error": "yellow"}[status]
+    results.print(f"[bold {colour}]verdict: {status.upper()}[/] ({heading})")
+    for r in reasons:
         mark = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "undecided": "[yellow]??[/]"}
         results.print(f"  {mark[r.outcome]} {r.rule}: {r.message}", highlight=False)
+
+
+def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
+    _print_reasons(report.verdict.status, report.verdict.reasons, f"run {report.run.id}")
     for change in report.identity_changes:
         results.print(
             f"  [yellow]!![/] resumed against a changed {change.role} (accepted): "
@@ -436,6 +459,38 @@ def _report(args: argparse.Namespace) -> int:
         store.close()
 
 
+def _cmd_judge(args: argparse.Namespace) -> int:
+    return _refuse(lambda: _judge(args))
+
+
+def _judge(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        raise _Refusal(str(exc)) from None
+    store = _open_store_read_only(args.db)
+    try:
+        try:
+            done = rejudge(store, args.run_id, policy)
+        except KeyError:
+            raise _Refusal(f"no run {args.run_id} in {args.db}") from None
+        except NotDecided as exc:
+            raise _Refusal(str(exc)) from None
+    finally:
+        store.close()
+    for difference in done.replay_differences:
+        console.print(f"[yellow]not applied (the answers are stored): {difference}")
+    verdict: Verdict = done.verdict
+    status = VERDICT_TO_STATUS[verdict.status]
+    _print_reasons(
+        verdict.status,
+        verdict.reasons,
+        f"run {done.record.id} under {policy.source}; stored verdict under "
+        f"{done.record.policy_source}: {done.record.status}",
+    )
+    return EXIT[status]
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     return _refuse(lambda: _list(args))
 
@@ -511,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {
         "run": _cmd_run,
         "report": _cmd_report,
+        "judge": _cmd_judge,
         "list": _cmd_list,
         "schema": _cmd_schema,
         "policy": _cmd_policy,
