@@ -21,6 +21,8 @@ on_seed1           on        yes          other weights: the gate must FAIL
 off_floor          off       yes          (kimi) the A/A' floor: off with EAGLE's chain
 =================  ========  ===========  ===========================================
 
+Families with a floor gate against it; ``eagle``'s floor is its ``off_chain`` server.
+
 Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
 at a time (batch 1: decode graph replays on graph servers), then one /generate call of 8
 prompts (batch 8: beyond the graphs' batch sizes, so eager on the same servers). The radix cache
@@ -90,6 +92,16 @@ class E2EConfig:
     policy: Path = MODELS / "parity_policy.yaml"
 
     @property
+    def floor_server(self) -> str | None:
+        """The server the gate takes as its A/A' floor: the chain pair's ``off_chain`` where
+        that is the floor's configuration, else a server of its own."""
+        if self.floor is None:
+            return None
+        if self.chain_pair and self.floor == {"speculation": "chain"}:
+            return "off_chain"
+        return "off_floor"
+
+    @property
     def dflash(self) -> bool:
         return self.server.get("speculation") == "dflash"
 
@@ -103,7 +115,7 @@ class E2EConfig:
 
 
 CONFIGS = {
-    "eagle": E2EConfig("tiny", {}, chain_pair=True),
+    "eagle": E2EConfig("tiny", {}, chain_pair=True, floor={"speculation": "chain"}),
     "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}),
     # The DFlash draft's weights count against the static fraction: 0.07 leaves no KV cache.
     "dflash": E2EConfig("tiny", {"speculation": "dflash"}, mem_fraction=0.09),
@@ -175,7 +187,7 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
         spec("on_seed1", "on", seed=1),
         spec("validate", "validate"),
     ]
-    if CONFIG.floor:
+    if CONFIG.floor_server == "off_floor":
         specs.append(spec("off_floor", "off", **CONFIG.floor))
     if CONFIG.eager_pair:
         specs += [
@@ -401,7 +413,7 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
         "--db",
         str(parity_out / "parity.sqlite3"),
         "--no-progress",
-        *(["--floor", running["off_floor"].url] if CONFIG.floor else []),
+        *(["--floor", running[CONFIG.floor_server].url] if CONFIG.floor_server else []),
     ]
     parity_out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
