@@ -116,14 +116,18 @@ CHAIN_FLOOR = Floor(
 )
 
 
-def candidates(faults: list[str], floor: Floor | None = None) -> list[Candidate]:
-    """The controls (plus, with a ``floor``, its configuration as a candidate), then one
-    candidate per fault."""
-    out = [
-        Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env})
-        for name, env in CONTROLS.items()
-    ]
-    if floor:
+def candidates(
+    faults: list[str], floor: Floor | None = None, controls: bool = True
+) -> list[Candidate]:
+    """The controls (plus, with a ``floor``, its configuration as a candidate) unless
+    ``controls`` is False, then one candidate per fault."""
+    out = []
+    if controls:
+        out += [
+            Candidate(name, {"KDTREE_VERIFY": "off", ENV_VAR: "", **env})
+            for name, env in CONTROLS.items()
+        ]
+    if floor and controls:
         out.append(
             Candidate(floor.name, {"KDTREE_VERIFY": "off", ENV_VAR: ""}, options=floor.options)
         )
@@ -297,11 +301,14 @@ def measure(
     servers: str = "reference engine",
     floor: Floor | None = None,
     pack_raw: bool = True,
+    controls: bool = True,
 ) -> dict:
     """Run the grid; return (and write to ``out``, after every cell) the table; ``pack_raw``:
     the raw folder becomes ``raw.tar.xz``. ``start_server(raw, tag, env, options)`` starts one
     server (the baseline: tag ``baseline``) and yields its URL. ``floor``: also start that A/A'
-    floor, judge every candidate against it, and add its configuration as a candidate."""
+    floor, judge every candidate against it, and add its configuration as a candidate.
+    ``controls=False`` leaves the candidates that must pass out (a grid of faults only, for a
+    device lease too short for both)."""
     raw = out / "raw"
     for sub in ("servers", "gate", "runs"):
         (raw / sub).mkdir(parents=True, exist_ok=True)
@@ -336,7 +343,7 @@ def measure(
         floor_url = None
         if floor:
             floor_url = stack.enter_context(start_server(raw, "floor", stock, floor.options))
-        for cand in candidates(faults, floor):
+        for cand in candidates(faults, floor, controls):
             tag = cand.name.replace(":", "_")
             with start_server(raw, tag, cand.env, cand.options) as url:
                 for k in sizes:
@@ -469,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         help="engine: judge against an A/A' floor, the baseline with --attention-kv-splits N",
     )
     p.add_argument(
+        "--no-controls",
+        action="store_true",
+        help="faults only: leave out the identical, equivalent-numerics and floor candidates",
+    )
+    p.add_argument(
         "--floor-chain",
         action="store_true",
         help="sglang: judge against an A/A' floor, the baseline with EAGLE's chain (top-k 1)",
@@ -495,10 +507,11 @@ def main(argv: list[str] | None = None) -> int:
             start_server=start,
             servers=f"SGLang, {args.preset} model",
             floor=CHAIN_FLOOR if args.floor_chain else None,
+            controls=not args.no_controls,
         )
     else:
         floor = kv_splits_floor(args.floor_kv_splits) if args.floor_kv_splits else None
-        measure(faults, sizes, args.out, args.policy, floor=floor)
+        measure(faults, sizes, args.out, args.policy, floor=floor, controls=not args.no_controls)
     print(f"wrote {args.out / 'resolution.md'} and {args.out / 'resolution.json'}")
     return 0
 

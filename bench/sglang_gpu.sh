@@ -22,7 +22,8 @@
 #                and its A/A' floor (EAGLE's chain), an identical, an on and a chain candidate,
 #                on-with-KDTREE_INJECT_FAULT candidates and perturbed-weight copies, through the
 #                real gate (bench/models/parity_policy.yaml), eager forwards; RESOLUTION_SIZES /
-#                RESOLUTION_FAULTS override the grid, RESOLUTION_TIMEOUT cuts it (table kept)
+#                RESOLUTION_FAULTS override the grid, RESOLUTION_TIMEOUT cuts it (table kept),
+#                RESOLUTION_ARGS adds arguments (--no-controls: faults only)
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
@@ -117,9 +118,11 @@ run_phase() {
     resolution)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
       # SIGINT at the limit: the grid stops its servers, and its table so far stays written.
+      # shellcheck disable=SC2086
       timeout -s INT "${RESOLUTION_TIMEOUT:-560}" python3 bench/parity_resolution.py \
         --servers sglang --model-dir /tmp/models/tiny --floor-chain \
-        --policy bench/models/parity_policy.yaml --out "$OUT/resolution" --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
+        --policy bench/models/parity_policy.yaml ${RESOLUTION_ARGS:-} --out "$OUT/resolution" \
+        --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
         --faults "${RESOLUTION_FAULTS:-scale:0.001,scale:0.01,scale:0.05,weight:1:0.004,weight:1:0.01,weight:1:0.05,kv_drop:64,kv_drop:16,kv_drop:0,tree_mask:7,tree_mask:3,tree_mask:0}" \
         2>&1 | tee "$OUT/resolution.log" || true
       cp "$OUT/resolution/resolution.json" "$OUT/resolution/resolution.md" "$OUT/" || true ;;
