@@ -1,0 +1,43 @@
+"""bench/parity_resolution.py's grid: which candidates run, in which order, with which floor."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import parity_resolution  # noqa: E402
+
+
+def test_controls_and_the_floor_come_first_then_the_faults_in_order() -> None:
+    floor = parity_resolution.kv_splits_floor(3)
+    grid = parity_resolution.candidates(["tree_mask:3", "scale:0.01"], floor)
+    assert [c.name for c in grid] == [
+        "identical",
+        "equivalent_numerics",
+        "kv_splits_3",
+        "tree_mask:3",
+        "scale:0.01",
+    ]
+    assert grid[2].options == {"attention_kv_splits": 3} and grid[2].kind is None
+    assert (grid[3].kind, grid[3].size, grid[4].kind, grid[4].size) == (
+        "tree_mask",
+        3,
+        "scale",
+        0.01,
+    )
+
+
+def test_a_fault_only_grid_leaves_every_candidate_that_must_pass_out() -> None:
+    grid = parity_resolution.candidates(
+        ["kv_drop:16"], parity_resolution.CHAIN_FLOOR, controls=False
+    )
+    assert [(c.name, c.kind) for c in grid] == [("kv_drop:16", "kv_drop")]
+
+
+def test_a_malformed_fault_is_refused_before_any_server_starts() -> None:
+    with pytest.raises(ValueError):
+        parity_resolution.candidates(["scale:"], controls=False)
