@@ -28,6 +28,12 @@ and per repetition (off,on then on,off), so neither mode always runs first after
 cache) that one command measures; every record names it (``spec``, ``kv_dtype``, ``model``).
 ``bench/merge_e2e.py`` folds the ``speed.json`` files of runs into the committed record.
 
+``--profile-shape BxP`` profiles one measured shape with SGLang's own profiler after its timed
+repetitions: one more generation of ``--profile-tokens`` per server between /start_profile and
+/stop_profile (``bench/sglang_profile.py``); the traces go to ``OUT/profile/<configuration>/``,
+GPU time per verify step per kernel, side by side, to ``OUT/profile/profile.md`` and
+``speed.json``'s ``profile``.
+
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python bench/sglang_e2e.py --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
                                [--shapes 1x1024,1x131072,8x32768,...]
@@ -47,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sglang_profile import comparison, comparison_markdown, merged_times, profile_decode
 from sglang_servers import (
     DFLASH,
     DFLASH_BLOCK_SIZE,
@@ -288,6 +295,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     preset = config.get("kdtree_model", {}).get("preset", args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
+    profile: dict[str, Any] | None = None
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
@@ -300,6 +308,8 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
                 print(f"[e2e] {json.dumps(record)}", flush=True)
                 records.append(record)
+            if args.profile_shape == (prompt_len, batch):
+                profile = profile_shape(servers, args, prompts)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
     finally:
         stop_all(servers)
@@ -328,10 +338,51 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "warmup_tokens": args.warmup_tokens,
         "records": records,
+        "profile": profile,
         "ready_after_s": {n: s.ready_after_s for n, s in servers.items()},
     }
     (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def profile_shape(
+    servers: dict[str, SGLangServer], args: argparse.Namespace, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """One profiled generation per configuration at an already measured (cached, warm) shape;
+    the side-by-side table goes to OUT/profile/profile.md and into the returned record."""
+    folder = args.out / "profile"
+    times, steps, runs = {}, {}, {}
+    for mode in args.modes:
+        server = servers[f"speed_{mode}"]
+        done = profile_decode(
+            server,
+            lambda server=server: generate(
+                server, prompts, args.profile_tokens, args.request_timeout
+            ),
+            folder / mode,
+            args.request_timeout,
+        )
+        times[mode], steps[mode] = merged_times(done.traces), done.verify_steps
+        runs[mode] = {
+            "traces": [str(t.relative_to(args.out)) for t in done.traces],
+            "verify_steps": done.verify_steps,
+            "generated_tokens": done.generated_tokens,
+            "wall_s": done.wall_s,
+        }
+    table = comparison(times, steps)
+    header = (
+        f"# GPU time per verify step: batch {len(prompts)}, {len(prompts[0])}-token prompts, "
+        f"{args.profile_tokens} new tokens (SGLang's profiler, one generation per server)\n\n"
+    )
+    (folder / "profile.md").write_text(header + comparison_markdown(table))
+    print(f"[e2e] profile: {folder / 'profile.md'}", flush=True)
+    return {
+        "batch": len(prompts),
+        "prompt_len": len(prompts[0]),
+        "new_tokens": args.profile_tokens,
+        "runs": runs,
+        **table,
+    }
 
 
 def measurement_plan(modes: list[str], shape: int, repeats: int) -> list[tuple[str, int, str]]:
@@ -442,6 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode eagerly at every batch size (--cuda-graph-backend-decode disabled)",
     )
+    parser.add_argument(
+        "--profile-shape",
+        type=lambda text: parse_shapes(text)[0],
+        default=None,
+        help="BxP: after this measured shape's timing, one generation per server under SGLang's "
+        "profiler (traces and a per-kernel table in OUT/profile/)",
+    )
+    parser.add_argument(
+        "--profile-tokens", type=int, default=64, help="tokens of the profiled generation"
+    )
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
@@ -454,7 +515,7 @@ def refusal(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot run (one line), or None."""
     if not (args.model / "config.json").is_file():
         return f"no config.json in {args.model}"
-    for name in ("tp", "graph_max_bs", "repeats", "warmup_tokens", "new_tokens"):
+    for name in ("tp", "graph_max_bs", "repeats", "warmup_tokens", "new_tokens", "profile_tokens"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
     unknown = sorted(set(args.modes) - set(MODES))
@@ -469,6 +530,11 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--block-size must be at least 2, got {args.block_size}"
     elif args.draft is not None:
         return "--draft is a DFlash draft: use it with --spec dflash"
+    if args.profile_shape is not None:
+        measured = args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
+        if args.profile_shape not in measured:
+            prompt_len, batch = args.profile_shape
+            return f"--profile-shape {batch}x{prompt_len} is not one of the measured shapes"
     return None
 
 

@@ -26,7 +26,8 @@
 #                RESOLUTION_ARGS adds arguments (--no-controls: faults only)
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
-# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8);
+# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
+# --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV):
 #   SPEED_ARGS="--shapes 1x1024,1x8192,1x32768,8x1024,8x8192,8x32768,32x1024,32x8192 --graph-max-bs 32"
@@ -102,7 +103,9 @@ run_phase() {
       # shellcheck disable=SC2086
       python3 bench/sglang_e2e.py --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" \
         ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.log"
-      cp "$OUT/speed/speed.json" "$OUT/" ;;
+      cp "$OUT/speed/speed.json" "$OUT/"
+      # With --profile-shape in SPEED_ARGS: the per-kernel table beside the archive.
+      if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi ;;
     kernel-fp8)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;

@@ -242,12 +242,16 @@ class SGLangServer:
             return resp.read().decode()
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+        return json.loads(self.post_text(path, body, timeout_s))
+
+    def post_text(self, path: str, body: dict[str, Any], timeout_s: float = 600.0) -> str:
+        """POST ``body`` as JSON; the answer's text (/start_profile answers in plain text)."""
         request = urllib.request.Request(
             self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                return json.load(resp)
+                return resp.read().decode()
         except urllib.error.HTTPError as error:
             raise RuntimeError(
                 f"{self.spec.name} {path}: HTTP {error.code}: {error.read()[:500]!r}"
