@@ -1,8 +1,8 @@
 """``kdtree-parity``: run the gate, render a stored run's report, decide a stored run again under
 another policy, list runs, serve the service.
 
-Exit codes of ``run`` (and ``report``, ``judge``): 0 pass, 1 fail, 2 could not decide (the baseline side
-failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
+Exit codes of ``run`` (and ``report``, ``judge``): 0 pass, 1 fail, 2 could not decide (the
+baseline side failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
 report's path go to stdout; progress, logs and errors to stderr.
 """
 
@@ -19,13 +19,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kdtree_parity.exit_codes import ExitCode
-from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
 from kdtree_parity.rejudge import NotDecided, rejudge
 from kdtree_parity.report import build_report, render_with_resolution
@@ -184,16 +184,17 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     return parser
 
 
-def _print_reasons(status: str, reasons: Sequence, heading: str) -> None:
-    colour = {"pass": "green", "fail": "red", "error": "yellow"}[status]
-    results.print(f"[bold {colour}]verdict: {status.upper()}[/] ({heading})")
-    for r in reasons:
+def _print_reasons(verdict: Any, heading: str) -> None:
+    """A verdict (the gate's, or a report's model of it) and its reasons, one line each."""
+    colour = {"pass": "green", "fail": "red", "error": "yellow"}[verdict.status]
+    results.print(f"[bold {colour}]verdict: {verdict.status.upper()}[/] ({heading})")
+    for r in verdict.reasons:
         mark = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "undecided": "[yellow]??[/]"}
         results.print(f"  {mark[r.outcome]} {r.rule}: {r.message}", highlight=False)
 
 
 def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
-    _print_reasons(report.verdict.status, report.verdict.reasons, f"run {report.run.id}")
+    _print_reasons(report.verdict, f"run {report.run.id}")
     for change in report.identity_changes:
         results.print(
             f"  [yellow]!![/] resumed against a changed {change.role} (accepted): "
@@ -480,15 +481,12 @@ def _judge(args: argparse.Namespace) -> int:
         store.close()
     for difference in done.replay_differences:
         console.print(f"[yellow]not applied (the answers are stored): {difference}")
-    verdict: Verdict = done.verdict
-    status = VERDICT_TO_STATUS[verdict.status]
     _print_reasons(
-        verdict.status,
-        verdict.reasons,
+        done.verdict,
         f"run {done.record.id} under {policy.source}; stored verdict under "
         f"{done.record.policy_source}: {done.record.status}",
     )
-    return EXIT[status]
+    return EXIT[VERDICT_TO_STATUS[done.verdict.status]]
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
