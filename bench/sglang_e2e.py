@@ -263,6 +263,11 @@ def speed_specs(
     ]
 
 
+def measured_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """(prompt_len, batch) of every shape measured: ``--shapes``, else batches x prompt lengths."""
+    return args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
+
+
 def draft_mask_token(draft: Path | None) -> frozenset[int]:
     """The DFlash draft's mask token id, which prompts leave out (empty without a draft)."""
     if draft is None:
@@ -299,7 +304,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
-        shapes = args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
+        shapes = measured_shapes(args)
         for index, (prompt_len, batch) in enumerate(shapes):
             prompts = random_prompts(
                 batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
@@ -530,11 +535,9 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--block-size must be at least 2, got {args.block_size}"
     elif args.draft is not None:
         return "--draft is a DFlash draft: use it with --spec dflash"
-    if args.profile_shape is not None:
-        measured = args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
-        if args.profile_shape not in measured:
-            prompt_len, batch = args.profile_shape
-            return f"--profile-shape {batch}x{prompt_len} is not one of the measured shapes"
+    if args.profile_shape is not None and args.profile_shape not in measured_shapes(args):
+        prompt_len, batch = args.profile_shape
+        return f"--profile-shape {batch}x{prompt_len} is not one of the measured shapes"
     return None
 
 
