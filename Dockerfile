@@ -303,6 +303,10 @@ CMD ["--help"]
 FROM ${PYTHON_SLIM_IMAGE} AS demo
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
+# Another torch release for the demo (empty: TORCH_VERSION), for a site whose CPU build of
+# TORCH_VERSION is out of reach but another is on disk: the demo's op is its pure-torch CPU path,
+# tied to no torch ABI, and the CUDA build of torch would make this image ~6 GB instead of ~1.
+ARG DEMO_TORCH_VERSION=
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
@@ -310,13 +314,20 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     KDTREE_HEALTH_PORT=30000
-# torch from TORCH_INDEX_URL (its CPU build), through uv and its cache, as the inference image.
+# torch from TORCH_INDEX_URL (its CPU build), through uv and its cache, as the inference image;
+# the packages' own torch pin is overridden by the release installed here.
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
-    PIP_INDEX_URL="${TORCH_INDEX_URL}" /opt/uv/bin/uv-pip install --system "torch==${TORCH_VERSION}"
+    echo "torch==${DEMO_TORCH_VERSION:-${TORCH_VERSION}}" >/opt/torch-override.txt \
+    && PIP_INDEX_URL="${TORCH_INDEX_URL}" /opt/uv/bin/uv-pip install --system \
+       --requirement /opt/torch-override.txt
 COPY kernel/ /opt/kdtree/kernel/
 COPY services/inference/ /opt/kdtree/services/inference/
-RUN pip install /opt/kdtree/kernel /opt/kdtree/services/inference \
+RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
+    --mount=type=cache,target=/root/.cache/uv,sharing=shared \
+    /opt/uv/bin/uv-pip install --system --override /opt/torch-override.txt \
+       /opt/kdtree/kernel /opt/kdtree/services/inference \
+    && rm /opt/torch-override.txt \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
 # Labels last, as in the inference stage.
 ARG VCS_REF=unknown
@@ -326,7 +337,7 @@ RUN test -n "${VCS_REF}"
 LABEL org.opencontainers.image.title="kdtree reference engine (CPU demo)" \
       org.opencontainers.image.revision="${VCS_REF}" \
       org.opencontainers.image.source="${SOURCE_URL}" \
-      io.kdtree.torch.version="${TORCH_VERSION}"
+      io.kdtree.torch.version="${DEMO_TORCH_VERSION:-${TORCH_VERSION}}"
 USER 10001
 WORKDIR /home/kdtree
 EXPOSE 30000
