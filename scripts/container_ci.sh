@@ -80,7 +80,11 @@ require_root() {
 
 # podman's settings for this run only (CONTAINERS_CONF), not the machine's: runc and cgroupfs
 # (crun and the systemd manager fail on hybrid cgroups without CAP_SYS_RESOURCE), ulimits within
-# the sandbox's hard limit, and events to a file (no journald).
+# the sandbox's hard limit, events to a file (no journald), and layers pushed PARALLEL_COPIES at
+# a time: a push stages each layer it sends, uncompressed, in the image-copy directory, and six
+# at once (podman's default) staged 8.4 GB of the inference image there on top of the 4.8 GB
+# the registry was filling; two keep the two cores compressing.
+PARALLEL_COPIES=2
 podman_settings() {
   local nofile nproc
   nofile=$(ulimit -Hn)
@@ -108,6 +112,7 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 image_copy_tmp_dir = "$CACHE/tmp"
+image_parallel_copies = $PARALLEL_COPIES
 EOF
   export CONTAINERS_CONF=$CACHE/containers.conf
 }
@@ -179,15 +184,36 @@ pip_settings() {
     esac
     [ -d "$dir" ] && VOLUMES+=(--volume "$dir:$dir:ro")
   done
-  # PyTorch's CPU index, when it answers; otherwise torch comes from pip's own indexes (on PyPI
-  # that is the CUDA build: the same torch, a bigger image).
-  local torch_index=${KDTREE_CI_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+  # The demo's torch: PyTorch's CPU index, when it answers; otherwise a CPU build in a local
+  # find-links folder, of any release (the demo's op is pure torch); otherwise pip's own indexes
+  # (on PyPI that is the CUDA build: the same torch, an image ~5 GB bigger, twice that on disk
+  # while dockerd loads it).
+  local torch_index=${KDTREE_CI_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu} wheel
   if ! python3 -c "import sys, urllib.request as r; r.urlopen(sys.argv[1], timeout=10)" \
     "$torch_index/torch/" >/dev/null 2>&1; then
-    step "$torch_index does not answer: torch comes from $index and the extra indexes"
     torch_index=$index
+    wheel=$(local_cpu_torch_wheel "${VOLUMES[@]}")
+    if [ -n "$wheel" ]; then
+      step "PyTorch's CPU index does not answer: the demo takes $wheel"
+      PIP_ARGS+=(--build-arg "DEMO_TORCH_VERSION=$(basename "$wheel" | cut -d- -f2)")
+    else
+      step "PyTorch's CPU index does not answer and no CPU build is on disk:" \
+        "the demo's torch comes from $index and the extra indexes"
+    fi
   fi
   PIP_ARGS+=(--build-arg "TORCH_INDEX_URL=$torch_index")
+}
+
+# The newest CPU build of torch for the base image's Python in the folders of VOLUMES' pairs
+# (--volume DIR:DIR:ro), or nothing.
+local_cpu_torch_wheel() {
+  local tag item
+  tag=$(podman run --rm --network none "$BASE_IMAGE" \
+    python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  for item in "$@"; do
+    [ "$item" = --volume ] && continue
+    compgen -G "${item%%:*}/torch-*+cpu-$tag-$tag-manylinux*_$(uname -m).whl" || true
+  done | sort -V | tail -n 1
 }
 
 # The images CI builds, each from its Dockerfile target. The inference image takes CUDA from pip's
@@ -281,28 +307,37 @@ prune_superseded_images() {
   podman rmi --force "${stale[@]}" >/dev/null
 }
 
-# The daemon's copy needs about twice the loaded images' size while `docker load` runs (the
-# archive, then its layers), and the registry keeps the inference image's compressed layers
-# (PUSH_SHARE percent of its size: gzip made 4.9 GB of 12.0, mostly CUDA libraries) besides
-# 2 GiB for the other tests' pushes: checked before anything starts, so a full disk is named up
-# front instead of surfacing as a failed load or push minutes in.
+# dockerd's `docker load` unpacks the archive into a folder of its data root before it registers
+# the layers, so an image briefly needs twice its size while it loads; the loads run one after
+# another and each folder goes when its load ends. Then the registry keeps the inference image's
+# compressed layers (PUSH_SHARE percent of its size: gzip made 4.9 GB of 12.0, mostly CUDA
+# libraries) beside the loaded images, while the push stages the PARALLEL_COPIES layers it is
+# sending, uncompressed, in podman's image-copy folder; the tests' own pushes and containers take
+# up to 2 GiB.
+# The peak is checked before anything starts, so a full disk is named up front instead of
+# surfacing as a failed load or push minutes in.
 PUSH_SHARE=41
 check_disk_space() {
-  local dir=$1 target images=0 pushed need free
+  local dir=$1 target size images=0 largest=0 pushed=0 staged=0 need free
   for target in "${LOADED[@]}"; do
-    images=$((images + $(image_size "localhost/kdtree/$target:latest")))
+    size=$(image_size "localhost/kdtree/$target:latest")
+    images=$((images + size))
+    [ "$size" -gt "$largest" ] && largest=$size
   done
-  pushed=0
   if [ "$INFERENCE_IMAGE_IN_CI" = 1 ]; then
     pushed=$(($(image_size localhost/kdtree/inference:latest) * PUSH_SHARE / 100))
+    staged=$(podman history --human=false --format '{{.Size}}' localhost/kdtree/inference:latest |
+      sort -rn | head -n "$PARALLEL_COPIES" | awk '{ sum += $1 } END { print sum + 0 }')
   fi
-  need=$((2 * images + pushed + 2 * 1024 ** 3))
+  need=$((images + (largest > pushed + staged ? largest : pushed + staged) + 2 * 1024 ** 3))
   mkdir -p "$dir"
   free=$(df --output=avail -B1 "$dir" | tail -n 1)
   [ "$free" -ge "$need" ] ||
     die "$dir has $(gigabytes "$free") GB free and the run needs about $(gigabytes "$need") GB" \
-      "(twice the images' $(gigabytes "$images") GB that dockerd loads, $(gigabytes "$pushed") GB" \
-      "for the inference image in the registry and 2 GiB for the other pushes):" \
+      "(the loaded images' $(gigabytes "$images") GB, then the largest one's $(gigabytes "$largest") GB" \
+      "again while dockerd loads it, or the inference image's $(gigabytes "$pushed") GB in the" \
+      "registry and $(gigabytes "$staged") GB staged while it is pushed, and 2 GiB for the tests'" \
+      "pushes and containers):" \
       "free some space, or point KDTREE_CI_STATE at a bigger disk"
 }
 
