@@ -12,8 +12,12 @@ dtype, configuration (off, on, ...), batch, prompt length, new tokens, decode-gr
 and tensor parallelism. Rows written before those fields existed were EAGLE tree runs with a
 bf16 KV cache at TP 1, and are keyed as such (``LEGACY``).
 
+A run measured by an older method, or on a grid a newer run replaces, leaves the record with
+``--retire RUN``: its rows, failed records and ``runs`` entry go, and ``retired`` names it (the
+run's archive can then leave the tree; git history keeps it).
+
 Usage:
-    python bench/merge_e2e.py RECORD RUN=SPEED_JSON [RUN=SPEED_JSON ...] [--log-archive FMT]
+    python bench/merge_e2e.py RECORD [RUN=SPEED_JSON ...] [--retire RUN ...] [--log-archive FMT]
 e.g. ``python bench/merge_e2e.py bench/results/sglang_e2e_h200.json run9=/tmp/out/speed.json``.
 """
 
@@ -123,6 +127,28 @@ def merge(
     return merged
 
 
+def retire(committed: dict[str, Any], runs: list[str]) -> dict[str, Any]:
+    """The committed record without the rows, failed records and run entries of ``runs``."""
+    known = {row.get("run") for row in committed.get("records", [])}
+    known |= set(committed.get("runs", {}))
+    unknown = sorted(set(runs) - known)
+    if unknown:
+        raise MergeError(f"cannot retire {unknown}: no row or run entry of the record has it")
+    gone = set(runs)
+    retired = {
+        **committed,
+        "records": [r for r in committed["records"] if r.get("run") not in gone],
+        "runs": {k: v for k, v in committed.get("runs", {}).items() if k not in gone},
+        "retired": sorted(set(committed.get("retired", [])) | gone),
+    }
+    failed = [r for r in committed.get("failed_records", []) if r.get("run") not in gone]
+    if failed:
+        retired["failed_records"] = failed
+    else:
+        retired.pop("failed_records", None)
+    return retired
+
+
 def parse_run(text: str) -> tuple[str, Path]:
     run, sep, path = text.partition("=")
     if not sep or not run or not path:
@@ -133,21 +159,31 @@ def parse_run(text: str) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="the committed record, rewritten in place")
-    parser.add_argument("runs", type=parse_run, nargs="+", help="RUN=path/to/speed.json")
+    parser.add_argument("runs", type=parse_run, nargs="*", help="RUN=path/to/speed.json")
+    parser.add_argument(
+        "--retire", action="append", default=[], metavar="RUN", help="drop RUN's rows (repeatable)"
+    )
     parser.add_argument(
         "--log-archive", default=LOG_ARCHIVE, help=f"where a row's log is (default {LOG_ARCHIVE})"
     )
     args = parser.parse_args(argv)
     try:
         committed = json.loads(args.record.read_text())
+        if not args.runs and not args.retire:
+            raise MergeError("nothing to do: name a RUN=SPEED_JSON or a --retire RUN")
         runs = [(run, json.loads(path.read_text())) for run, path in args.runs]
-        merged = merge(committed, runs, args.log_archive)
+        if args.retire:
+            committed = retire(committed, args.retire)
+        merged = merge(committed, runs, args.log_archive) if runs else committed
     except (OSError, json.JSONDecodeError, MergeError) as error:
         print(f"merge_e2e: {error}", file=sys.stderr)
         return 2
     args.record.write_text(json.dumps(merged, indent=1) + "\n")
     replaced = sum(1 for r in merged["records"] if r.get("run") in dict(args.runs))
-    print(f"merge_e2e: {args.record}: {len(merged['records'])} rows, {replaced} from the new runs")
+    print(
+        f"merge_e2e: {args.record}: {len(merged['records'])} rows, {replaced} from the new runs"
+        + (f", retired {', '.join(args.retire)}" if args.retire else "")
+    )
     return 0
 
 

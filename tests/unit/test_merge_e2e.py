@@ -113,38 +113,54 @@ def test_a_missing_run_file_or_packed_member_is_named(tmp_path: Path) -> None:
 
 
 def test_new_rows_replace_the_same_measurement_and_keep_the_rest(committed) -> None:
-    before = copy.deepcopy(committed)
     eagle = ServerSpec("speed_off", "off", Path("/tmp/models/rank"))
     dflash = ServerSpec(
         "speed_on", "on", Path("/tmp/models/rank"), speculation="dflash", draft=Path("/d")
     )
+    # A prompt length no committed row has: the rows below meet only each other.
+    first = speed_json([speed_record(eagle, "off", 1, 1000, 500.0)])
+    before = merge_e2e.merge(committed, [("run90", first)])
     run = speed_json(
-        [speed_record(eagle, "off", 1, 1024, 700.0), speed_record(dflash, "on", 1, 1024, 900.0)]
+        [speed_record(eagle, "off", 1, 1000, 700.0), speed_record(dflash, "on", 1, 1000, 900.0)]
     )
-    merged = merge_e2e.merge(committed, [("run9", run)])
-    old_key = merge_e2e.row_key(
-        next(
-            r
-            for r in before["records"]
-            if (r["run"], r["configuration"], r["batch"], r["prompt_len"])
-            == ("run3", "off", 1, 1024)
-        )
-    )
+    merged = merge_e2e.merge(copy.deepcopy(before), [("run91", run)])
+    old_key = merge_e2e.row_key(next(r for r in before["records"] if r["run"] == "run90"))
     replaced = [r for r in merged["records"] if merge_e2e.row_key(r) == old_key]
-    assert len(replaced) == 1 and replaced[0]["run"] == "run9"
+    assert len(replaced) == 1 and replaced[0]["run"] == "run91"
     assert replaced[0]["tokens_per_s"] == 700.0 and replaced[0]["tokens_per_s_min"] == 690.0
-    assert replaced[0]["log"] == "run9/speed.tar.xz:speed/server_speed_off.log"
+    assert replaced[0]["log"] == "run91/speed.tar.xz:speed/server_speed_off.log"
     # The DFlash row is new; everything else is the committed rows, untouched.
     assert len(merged["records"]) == len(before["records"]) + 1
     added = merged["records"][-1]
     assert (added["spec"], added["speculation"], added["block_size"]) == ("dflash", "dflash", 16)
-    untouched = [r for r in merged["records"] if r.get("run") != "run9"]
+    untouched = [r for r in merged["records"] if r.get("run") != "run91"]
     assert untouched == [r for r in before["records"] if merge_e2e.row_key(r) != old_key]
+    assert untouched == committed["records"]
     for key in before:
-        if key != "records":
+        if key not in ("records", "runs"):
             assert merged[key] == before[key], key
-    assert merged["runs"]["run9"]["repeats"] == 3 and "rank" in merged["models"]
+    assert merged["runs"]["run91"]["repeats"] == 3 and "rank" in merged["models"]
     assert "server" not in added and "output_ids_head" not in added
+
+
+def test_a_retired_run_leaves_the_record_and_is_named(committed, tmp_path, capsys) -> None:
+    eagle = ServerSpec("speed_on", "on", Path("/m"))
+    failed = {**speed_record(eagle, "on", 8, 1024, 1.0), "error": "HTTP 500"}
+    rows = [speed_record(eagle, "on", 1, 1000, 600.0), failed]
+    record = merge_e2e.merge(committed, [("run90", speed_json(rows))])
+    retired = merge_e2e.retire(record, ["run90"])
+    assert retired["records"] == committed["records"]
+    assert "run90" not in retired["runs"] and "run90" in retired["retired"]
+    assert all(r["run"] != "run90" for r in retired.get("failed_records", []))
+    with pytest.raises(merge_e2e.MergeError, match=r"cannot retire \['run77'\]"):
+        merge_e2e.retire(record, ["run77"])
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    assert merge_e2e.main([str(path), "--retire", "run90"]) == 0
+    assert json.loads(path.read_text())["records"] == committed["records"]
+    assert "retired run90" in capsys.readouterr().out
+    assert merge_e2e.main([str(path)]) == 2
+    assert "nothing to do" in capsys.readouterr().err
 
 
 def test_failed_records_replace_nothing_and_are_kept(committed) -> None:
