@@ -29,9 +29,10 @@
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
-# The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV):
-#   SPEED_ARGS="--shapes 1x1024,1x8192,1x32768,8x1024,8x8192,8x32768,32x1024,32x8192 --graph-max-bs 32"
-#   SPEED_ARGS="--shapes 1x1024,1x128000 --graph-max-bs 1"            (kimi-rank: also 1x200000)
+# The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV;
+# about 7-8 minutes each on an H200, servers' start included):
+#   SPEED_ARGS="--shapes 1x1024,1x8192,1x32768,1x128000,8x1024,8x8192,8x32768,32x1024,32x8192 --graph-max-bs 32"
+#   SPEED_PRESET=kimi-rank SPEED_ARGS="--shapes 1x1024,1x128000,1x200000 --graph-max-bs 1"
 set -euo pipefail
 : "${OUT:?set OUT to the output directory}"
 cd "$(dirname "$0")/.."

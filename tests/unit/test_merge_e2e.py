@@ -174,8 +174,8 @@ def test_failed_records_replace_nothing_and_are_kept(committed) -> None:
 
 def test_a_run_already_in_the_record_is_refused(committed, tmp_path, capsys) -> None:
     eagle = ServerSpec("speed_off", "off", Path("/m"))
-    with pytest.raises(merge_e2e.MergeError, match="run 'run3' is already in the record"):
-        merge_e2e.merge(committed, [("run3", speed_json([speed_record(eagle, "off", 1, 1, 1.0)]))])
+    with pytest.raises(merge_e2e.MergeError, match="run 'run18' is already in the record"):
+        merge_e2e.merge(committed, [("run18", speed_json([speed_record(eagle, "off", 1, 1, 1.0)]))])
     record = tmp_path / "record.json"
     record.write_text(json.dumps(committed))
     (tmp_path / "speed.json").write_text(json.dumps({"records": []}))
