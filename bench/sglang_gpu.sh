@@ -121,9 +121,11 @@ run_phase() {
         --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
     resolution)
       python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
-      # SIGINT at the limit: the grid stops its servers, and its table so far stays written.
+      # SIGINT at the limit: the grid stops its servers, and its table so far stays written; a
+      # grid still busy 30 s later (a server mid-start) is killed, so that the phase's archive
+      # is still made within the device's 10 minutes (about 50 s of install and build before).
       # shellcheck disable=SC2086
-      timeout -s INT "${RESOLUTION_TIMEOUT:-560}" python3 bench/parity_resolution.py \
+      timeout -s INT -k 30 "${RESOLUTION_TIMEOUT:-480}" python3 bench/parity_resolution.py \
         --servers sglang --model-dir /tmp/models/tiny --floor-chain \
         --policy bench/models/parity_policy.yaml ${RESOLUTION_ARGS:-} --out "$OUT/resolution" \
         --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
