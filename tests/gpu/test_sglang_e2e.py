@@ -18,10 +18,11 @@ off_chain          off       yes          (eagle: EAGLE's chain, top-k 1)
 validate_chain     validate  yes          == off_chain's
 on                 on        yes          the parity gate's candidate: PASS
 on_seed1           on        yes          other weights: the gate must FAIL
-off_floor          off       yes          (kimi) the A/A' floor: off with EAGLE's chain
+off_floor          off       yes          the A/A' floor: off with EAGLE's chain
 =================  ========  ===========  ===========================================
 
-Families with a floor gate against it; ``eagle``'s floor is its ``off_chain`` server.
+Every family gates against an A/A' floor; ``eagle``'s floor is its ``off_chain`` server. A DFlash
+family's floor runs EAGLE's chain on the same target: greedy tokens do not depend on the draft.
 
 Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
 at a time (batch 1: decode graph replays on graph servers), then one /generate call of 8
@@ -116,9 +117,11 @@ class E2EConfig:
 
 CONFIGS = {
     "eagle": E2EConfig("tiny", {}, chain_pair=True, floor={"speculation": "chain"}),
-    "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}),
+    "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}, floor={"speculation": "chain"}),
     # The DFlash draft's weights count against the static fraction: 0.07 leaves no KV cache.
-    "dflash": E2EConfig("tiny", {"speculation": "dflash"}, mem_fraction=0.09),
+    "dflash": E2EConfig(
+        "tiny", {"speculation": "dflash"}, mem_fraction=0.09, floor={"speculation": "chain"}
+    ),
     "kimi": E2EConfig(
         "kimi-rank",
         {},
@@ -173,7 +176,9 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
             name,
             mode,
             target,
-            draft=draft,
+            # An EAGLE server of a DFlash family (its floor) speculates with the target's own
+            # draft layer, not the DFlash draft.
+            draft=draft if server.get("speculation") == "dflash" else None,
             radix_cache=False,
             mem_fraction=CONFIG.mem_fraction,
             env=env,
