@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "bench" / "models"))
 import make_dflash_draft  # noqa: E402
 import make_model  # noqa: E402
 from sglang_e2e import metric_sum, metric_values  # noqa: E402
-from sglang_servers import ServerSpec, start_all, stop_all  # noqa: E402
+from sglang_servers import DFLASH, ServerSpec, start_all, stop_all  # noqa: E402
 
 from kdtree_inference.sglang.modes import BF16_POOL_ATOL, FP8_POOL_ATOL  # noqa: E402
 from kdtree_parity.client import build_generate_request  # noqa: E402
@@ -104,7 +104,7 @@ class E2EConfig:
 
     @property
     def dflash(self) -> bool:
-        return self.server.get("speculation") == "dflash"
+        return self.server.get("speculation") == DFLASH
 
     def pairs(self) -> dict[str, tuple[str, str]]:
         pairs = {"graphs": ("off", "validate")}
@@ -178,7 +178,7 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
             target,
             # An EAGLE server of a DFlash family (its floor) speculates with the target's own
             # draft layer, not the DFlash draft.
-            draft=draft if server.get("speculation") == "dflash" else None,
+            draft=draft if server.get("speculation") == DFLASH else None,
             radix_cache=False,
             mem_fraction=CONFIG.mem_fraction,
             env=env,
