@@ -284,8 +284,9 @@ def start_all(
     A starting SGLang server profiles the GPU's free memory and refuses to start when another
     process allocated in the meantime, so starts are ``stagger_s`` apart, at most ``wave``
     servers start together (0: all; the next wave starts once the previous one is ready), and a
-    server that fails is started again (``retries`` times) once its wave has settled. Returns the
-    healthy servers and, by name, why each other one failed (that one is stopped).
+    server that fails is started again (``retries`` times) once its wave has settled, one
+    retried server at a time. Returns the healthy servers and, by name, why each other one
+    failed (that one is stopped).
     """
     servers: dict[str, SGLangServer] = {}
     failed: dict[str, str] = {}
@@ -311,26 +312,36 @@ def _wait_group(
     retries: int,
     failed: dict[str, str],
 ) -> None:
-    for attempt in range(retries + 1):
-        for name in names:
-            server = servers.get(name)
-            if server is None or server.ready_after_s is not None:
-                continue
-            try:
-                took = server.wait_ready(timeout_s)
-                print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
-                failed.pop(name, None)
-            except ServerFailed as error:
-                print(f"[e2e] {name} FAILED (try {attempt + 1}): {str(error)[-1500:]}", flush=True)
-                failed[name] = str(error)
-                server.stop()
-                if attempt < retries:
-                    server.log_path.rename(server.log_path.with_suffix(f".try{attempt + 1}.log"))
-                    servers[name] = SGLangServer(server.spec, log_dir)
-                else:
-                    del servers[name]
-        if not any(n in failed for n in names):
-            return
+    """Wait for every server of the group; then start each one that failed again, one at a time:
+    a retry that starts beside another start can fail the memory profile the same way."""
+    pending = [name for name in names if not _ready(servers[name], name, 1, timeout_s, failed)]
+    for attempt in range(2, retries + 2):
+        again = []
+        for name in pending:
+            server = servers[name]
+            server.log_path.rename(server.log_path.with_suffix(f".try{attempt - 1}.log"))
+            servers[name] = SGLangServer(server.spec, log_dir)
+            if not _ready(servers[name], name, attempt, timeout_s, failed):
+                again.append(name)
+        pending = again
+    for name in pending:
+        del servers[name]
+
+
+def _ready(
+    server: SGLangServer, name: str, attempt: int, timeout_s: float, failed: dict[str, str]
+) -> bool:
+    """Wait for one server; a failed one is stopped and why is kept in ``failed``."""
+    try:
+        took = server.wait_ready(timeout_s)
+    except ServerFailed as error:
+        print(f"[e2e] {name} FAILED (try {attempt}): {str(error)[-1500:]}", flush=True)
+        failed[name] = str(error)
+        server.stop()
+        return False
+    print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
+    failed.pop(name, None)
+    return True
 
 
 def stop_all(servers: dict[str, SGLangServer]) -> None:

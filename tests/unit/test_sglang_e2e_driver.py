@@ -1,5 +1,6 @@
 """bench/sglang_e2e.py and bench/sglang_servers.py without a GPU: the command lines a user would
-type for each configuration, the metrics parsing, and the refusals of bad arguments."""
+type for each configuration, the metrics parsing, the refusals of bad arguments, and how failed
+server starts are retried."""
 
 from __future__ import annotations
 
@@ -244,3 +245,53 @@ def test_shapes_are_batch_by_prompt_in_the_given_order() -> None:
 def test_malformed_shapes_are_refused(bad: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         sglang_e2e.parse_shapes(bad)
+
+
+RETRY_LAUNCHER = """
+import functools, http.server, os, pathlib, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+name = pathlib.Path(args[args.index("--model-path") + 1]).name
+root = pathlib.Path(os.environ["RETRY_TEST_DIR"])
+def note(event):
+    with (root / "timeline").open("a") as timeline:
+        timeline.write(f"{event} {name}\\n")
+note("start")
+marker = root / f"failed_{name}"
+if not marker.exists():  # the first start of each server fails, as a memory profile would
+    marker.touch()
+    time.sleep(0.3)
+    sys.exit(1)
+time.sleep(1.0)
+note("serve")
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "www"))
+http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+"""
+
+
+def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkeypatch) -> None:
+    """Real kdtree-serve processes whose launcher (KDTREE_SGLANG_LAUNCHER) fails each server's
+    first start: both retries wait for the wave, and the second starts once the first is ready."""
+    from sglang_servers import start_all, stop_all
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(RETRY_LAUNCHER)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}")
+    env = {
+        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
+        "RETRY_TEST_DIR": str(tmp_path),
+    }
+    specs = [ServerSpec(name, "off", tmp_path / name, env=env) for name in ("a", "b")]
+    servers, failed = start_all(specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0)
+    try:
+        assert failed == {} and sorted(servers) == ["a", "b"]
+        timeline = (tmp_path / "timeline").read_text().split("\n")[:-1]
+        # The wave's two first starts in either order; then the retries, one after the other.
+        assert sorted(timeline[:2]) == ["start a", "start b"]
+        assert timeline[2:] == ["start a", "serve a", "start b", "serve b"]
+        assert (tmp_path / "logs" / "server_a.try1.log").is_file()
+        assert (tmp_path / "logs" / "server_b.try1.log").is_file()
+    finally:
+        stop_all(servers)
