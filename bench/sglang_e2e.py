@@ -74,6 +74,7 @@ MODES = {
 KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 """--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
 SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
+SAMPLE_FIELDS = (*SUMMARIZED, "started_at")  # what each record keeps of its repetitions
 """Per-repetition values a record reports as median (the plain name), ``_min`` and ``_max``."""
 
 
@@ -208,8 +209,10 @@ def sample(answers: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
 def measure(
     server: SGLangServer, prompts: list[list[int]], new_tokens: int, timeout_s: float
 ) -> dict[str, Any]:
-    """One timed repetition of ``new_tokens`` of decode for all ``prompts`` (already cached)."""
-    return sample(*generate(server, prompts, new_tokens, timeout_s))
+    """One timed repetition of ``new_tokens`` of decode for all ``prompts`` (already cached),
+    with its start as Unix time (to line it up with the GPU's clock log)."""
+    started_at = time.time()
+    return {**sample(*generate(server, prompts, new_tokens, timeout_s)), "started_at": started_at}
 
 
 def shape_record(
@@ -226,7 +229,7 @@ def shape_record(
         "order_positions": positions,
         "outputs_identical_across_repeats": all(h == heads[0] for h in heads),
         "output_ids_head": first["output_ids_head"],
-        "samples": [{k: s[k] for k in SUMMARIZED} for s in samples],
+        "samples": [{k: s[k] for k in SAMPLE_FIELDS} for s in samples],
     }
 
 

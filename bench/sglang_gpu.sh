@@ -13,7 +13,8 @@
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
 #                kimi; default eagle): validate == off, the parity gate
 #   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
-#                off vs on, batch 1/8, 1k/8k/32k prompts
+#                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
+#                reasons every 200 ms beside it (speed/gpu_clocks.csv)
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
@@ -68,6 +69,8 @@ python3 -m kdtree_verify._build 2>&1 | tail -2
 python3 -c 'import torch, sglang, kdtree_verify; print("sglang", sglang.__version__, "torch", torch.__version__, torch.cuda.get_device_name(), "kdtree_verify from", kdtree_verify.__file__)'
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
+GPU_CLOCK_FIELDS=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active
+
 run_phase() {
   local phase=$1
   say "phase $phase"
@@ -101,9 +104,16 @@ run_phase() {
         python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
         spec_args=(--spec dflash --draft "/tmp/models/$preset-dflash")
       fi
+      # The GPU's clocks, power and throttle reasons every 200 ms, beside each repetition's
+      # started_at in speed.json: a step that varies while its kernels do not shows up here.
+      mkdir -p "$OUT/speed"
+      nvidia-smi --format=csv,nounits -lms 200 --query-gpu="$GPU_CLOCK_FIELDS" \
+        >"$OUT/speed/gpu_clocks.csv" 2>&1 &
+      clocks=$!
       # shellcheck disable=SC2086
       python3 bench/sglang_e2e.py --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" \
         ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.log"
+      kill "$clocks" || true
       cp "$OUT/speed/speed.json" "$OUT/"
       # With --profile-shape in SPEED_ARGS: the per-kernel table beside the archive.
       if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi ;;

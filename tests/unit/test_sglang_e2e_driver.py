@@ -148,6 +148,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "generated_tokens": 256,
             "cached_tokens_min": 1023,
             "output_ids_head": [5, 6],
+            "started_at": 1796300000.0,
         },
         {
             "tokens_per_s": 700.0,
@@ -158,6 +159,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "generated_tokens": 256,
             "cached_tokens_min": 1022,
             "output_ids_head": [5, 6],
+            "started_at": 1796300001.0,
         },
         {
             "tokens_per_s": 600.0,
@@ -168,6 +170,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "generated_tokens": 256,
             "cached_tokens_min": 1023,
             "output_ids_head": [5, 7],
+            "started_at": 1796300002.0,
         },
     ]
     summary = sglang_e2e.summarize(samples)
@@ -183,6 +186,12 @@ def test_records_report_the_median_with_min_and_max() -> None:
     assert record["outputs_identical_across_repeats"] is False
     assert record["cached_tokens_min"] == 1022 and record["warmup_s"] == 2.0
     assert record["order_positions"] == [0, 1, 0] and len(record["samples"]) == 3
+    # Each repetition keeps its start, to be lined up with the GPU's clock log.
+    assert [s["started_at"] for s in record["samples"]] == [
+        1796300000.0,
+        1796300001.0,
+        1796300002.0,
+    ]
     same = sglang_e2e.shape_record(samples[:2], {}, [0, 1])
     assert same["outputs_identical_across_repeats"] is True
 
