@@ -74,8 +74,9 @@ MODES = {
 KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 """--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
 SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
-SAMPLE_FIELDS = (*SUMMARIZED, "started_at")  # what each record keeps of its repetitions
 """Per-repetition values a record reports as median (the plain name), ``_min`` and ``_max``."""
+SAMPLE_FIELDS = (*SUMMARIZED, "started_at")
+"""What a record keeps of each repetition: those values and its start (Unix time)."""
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
