@@ -14,7 +14,8 @@
 #                kimi; default eagle): validate == off, the parity gate
 #   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
-#                reasons every 200 ms beside it (speed/gpu_clocks.csv)
+#                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
+#                repetition by bench/step_clocks.py (step_clocks.md)
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
@@ -115,6 +116,9 @@ run_phase() {
         ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.log"
       kill "$clocks" || true
       cp "$OUT/speed/speed.json" "$OUT/"
+      # Each repetition's step time beside the clocks during it (here: nvidia-smi logs local time).
+      python3 bench/step_clocks.py "$OUT/speed/speed.json" "$OUT/speed/gpu_clocks.csv" \
+        --out "$OUT/step_clocks.md" >/dev/null || true
       # With --profile-shape in SPEED_ARGS: the per-kernel table beside the archive.
       if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi ;;
     kernel-fp8)
