@@ -314,24 +314,23 @@ def _wait_group(
 ) -> None:
     """Wait for every server of the group; then start each one that failed again, one at a time:
     a retry that starts beside another start can fail the memory profile the same way."""
-    pending = [name for name in names if not _ready(servers[name], name, 1, timeout_s, failed)]
+    pending = [name for name in names if not _ready(servers[name], 1, timeout_s, failed)]
     for attempt in range(2, retries + 2):
         again = []
         for name in pending:
             server = servers[name]
             server.log_path.rename(server.log_path.with_suffix(f".try{attempt - 1}.log"))
             servers[name] = SGLangServer(server.spec, log_dir)
-            if not _ready(servers[name], name, attempt, timeout_s, failed):
+            if not _ready(servers[name], attempt, timeout_s, failed):
                 again.append(name)
         pending = again
     for name in pending:
         del servers[name]
 
 
-def _ready(
-    server: SGLangServer, name: str, attempt: int, timeout_s: float, failed: dict[str, str]
-) -> bool:
+def _ready(server: SGLangServer, attempt: int, timeout_s: float, failed: dict[str, str]) -> bool:
     """Wait for one server; a failed one is stopped and why is kept in ``failed``."""
+    name = server.spec.name
     try:
         took = server.wait_ready(timeout_s)
     except ServerFailed as error:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
+import operator
 import statistics
 import sys
 from dataclasses import dataclass
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
+SUMMARY_FIELDS = ("sm_mhz_median", "sm_mhz_min", "power_w_mean", "utilization_pct_mean", "throttle")
+"""What ``during`` reports of the clock samples inside a repetition."""
 
 
 @dataclass(frozen=True)
@@ -96,18 +100,7 @@ def during(rep: dict[str, Any], clocks: list[ClockSample]) -> dict[str, Any]:
     end = rep["start"] + rep["wall_s"]
     inside = [c for c in clocks if rep["start"] <= c.at <= end]
     if not inside:
-        return {
-            **rep,
-            "samples": 0,
-            "sm_mhz_median": None,
-            "sm_mhz_min": None,
-            "power_w_mean": None,
-            "utilization_pct_mean": None,
-            "throttle": None,
-        }
-    throttle = 0
-    for c in inside:
-        throttle |= c.throttle
+        return {**rep, "samples": 0, **dict.fromkeys(SUMMARY_FIELDS)}
     return {
         **rep,
         "samples": len(inside),
@@ -115,7 +108,7 @@ def during(rep: dict[str, Any], clocks: list[ClockSample]) -> dict[str, Any]:
         "sm_mhz_min": min(c.sm_mhz for c in inside),
         "power_w_mean": round(statistics.fmean(c.power_w for c in inside), 1),
         "utilization_pct_mean": round(statistics.fmean(c.utilization_pct for c in inside), 1),
-        "throttle": f"{throttle:#x}",
+        "throttle": f"{functools.reduce(operator.or_, (c.throttle for c in inside)):#x}",
     }
 
 

@@ -5,6 +5,7 @@ server starts are retried."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -287,7 +288,7 @@ def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkey
     (tmp_path / "www" / "health").write_text("ok")
     launcher = tmp_path / "launcher.py"
     launcher.write_text(RETRY_LAUNCHER)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     env = {
         "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
         "RETRY_TEST_DIR": str(tmp_path),
