@@ -353,6 +353,22 @@ def test_graph_capture_references_sglang_static_buffers_and_replay_counts_routes
     assert metric(pair.registry, "kdtree_verify_fallbacks_total", reason="logit_cap") == 2
 
 
+def test_a_recaptured_graph_replays_with_its_new_routes():
+    pair = GraphPair(VerifySettings(mode=VerifyMode.ON))
+    stock_batch, ours_batch = pair.capture()
+    pair.run_layers(stock_batch, ours_batch, {0: pair.layers[0]})
+    pair.replay_metadata([9, 4], seed=2)
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 1
+    # The same batch size captured again (SGLang re-captures its graphs after a memory resize,
+    # say), now through both layers: its replays count the new graph's calls, not the old one's.
+    stock_batch, ours_batch = pair.capture()
+    pair.run_layers(stock_batch, ours_batch, pair.layers)
+    for seed in (3, 4):
+        pair.replay_metadata([9, 4], seed)
+    assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 1 + 2 * len(LAYERS)
+    assert metric(pair.registry, "kdtree_verify_graph_replays_total") == 3
+
+
 def test_graph_replay_metadata_feeds_the_kernel_new_batches():
     pair = GraphPair(VerifySettings(mode=VerifyMode.ON))
     pair.capture()

@@ -194,25 +194,34 @@ class VerifyTelemetry:
         self.settings = settings
         self.rank = str(tp_rank)
         self.prefix = ROLES[role]
-        self._metrics = _metrics(registry, self.prefix)
+        self._metrics = m = _metrics(registry, self.prefix)
         self._over_streak = 0
         for mode in VerifyMode:
-            self._metrics.mode.labels(mode=mode.value, tp_rank=self.rank).set(
-                1 if mode is settings.mode else 0
-            )
+            m.mode.labels(mode=mode.value, tp_rank=self.rank).set(1 if mode is settings.mode else 0)
+        # The counters every serving step touches, bound once: resolving labels takes a lock and
+        # a lookup each time (several µs under SGLang's multiprocess metrics).
+        self._steps = m.steps.labels(tp_rank=self.rank)
+        self._graph_replays = m.graph_replays.labels(tp_rank=self.rank)
+        self._kernel_calls = m.kernel_calls.labels(tp_rank=self.rank)
+        self._fallbacks: dict[str, Any] = {}
 
     def verify_steps(self, count: int = 1, graph_replay: bool = False) -> None:
-        self._metrics.steps.labels(tp_rank=self.rank).inc(count)
+        self._steps.inc(count)
         if graph_replay:
-            self._metrics.graph_replays.labels(tp_rank=self.rank).inc(count)
+            self._graph_replays.inc(count)
 
     def kernel_calls(self, count: int = 1) -> None:
         if count:
-            self._metrics.kernel_calls.labels(tp_rank=self.rank).inc(count)
+            self._kernel_calls.inc(count)
 
     def fallbacks(self, reason: str, count: int = 1) -> None:
         if count:
-            self._metrics.fallbacks.labels(reason=reason, tp_rank=self.rank).inc(count)
+            child = self._fallbacks.get(reason)
+            if child is None:
+                child = self._fallbacks[reason] = self._metrics.fallbacks.labels(
+                    reason=reason, tp_rank=self.rank
+                )
+            child.inc(count)
 
     def publish_vs_exact(self, step: int, sides: dict[str, Iterable[LayerStats]]) -> dict | None:
         """Report each side's error against the exact computation (an fp8 pool in validate
