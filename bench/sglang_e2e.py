@@ -43,8 +43,10 @@ Usage (on the GPU machine, with the payload's environment; see docs/development.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -53,6 +55,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from host_samples import HostSampler
 from sglang_profile import comparison, comparison_markdown, merged_times, profile_decode
 from sglang_servers import (
     DFLASH,
@@ -308,17 +311,25 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
-        shapes = measured_shapes(args)
-        for index, (prompt_len, batch) in enumerate(shapes):
-            prompts = random_prompts(
-                batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
+        sampling = (
+            HostSampler(
+                {name.removeprefix("speed_"): s.proc.pid for name, s in servers.items()},
+                out / "host_samples",
             )
-            for record in measure_shape(servers, args, prompts, index):
-                record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
-                print(f"[e2e] {json.dumps(record)}", flush=True)
-                records.append(record)
-            if args.profile_shape == (prompt_len, batch):
-                profile = profile_shape(servers, args, prompts)
+            if args.host_samples
+            else contextlib.nullcontext()
+        )
+        with sampling:
+            for index, (prompt_len, batch) in enumerate(measured_shapes(args)):
+                prompts = random_prompts(
+                    batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
+                )
+                for record in measure_shape(servers, args, prompts, index):
+                    record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
+                    print(f"[e2e] {json.dumps(record)}", flush=True)
+                    records.append(record)
+                if args.profile_shape == (prompt_len, batch):
+                    profile = profile_shape(servers, args, prompts)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
     finally:
         stop_all(servers)
@@ -512,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile-tokens", type=int, default=64, help="tokens of the profiled generation"
     )
+    parser.add_argument(
+        "--host-samples",
+        action="store_true",
+        help="py-spy on every server's scheduler while the shapes are measured: raw samples "
+        "and a table of where the host time went in OUT/host_samples/ (bench/host_samples.py)",
+    )
     parser.add_argument("--start-timeout", type=float, default=420.0)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
@@ -539,6 +556,8 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--block-size must be at least 2, got {args.block_size}"
     elif args.draft is not None:
         return "--draft is a DFlash draft: use it with --spec dflash"
+    if args.host_samples and shutil.which("py-spy") is None:
+        return "--host-samples needs py-spy on PATH (docs/development.md)"
     if args.profile_shape is not None and args.profile_shape not in measured_shapes(args):
         prompt_len, batch = args.profile_shape
         return f"--profile-shape {batch}x{prompt_len} is not one of the measured shapes"

@@ -29,7 +29,8 @@
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
-# --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md);
+# --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
+# --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV;
 # about 7-8 minutes each on an H200, servers' start included):
@@ -120,7 +121,10 @@ run_phase() {
       python3 bench/step_clocks.py "$OUT/speed/speed.json" "$OUT/speed/gpu_clocks.csv" \
         --out "$OUT/step_clocks.md" >/dev/null || true
       # With --profile-shape in SPEED_ARGS: the per-kernel table beside the archive.
-      if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi ;;
+      if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi
+      if [ -f "$OUT/speed/host_samples/host_samples.md" ]; then
+        cp "$OUT/speed/host_samples/host_samples.md" "$OUT/"
+      fi ;;
     kernel-fp8)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;

@@ -76,6 +76,14 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
     assert "--graph-max-bs must be at least 1, got 0" in err
 
 
+def test_host_samples_are_refused_without_py_spy(tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    args = ["--model", str(tmp_path), "--out", str(tmp_path), "--host-samples"]
+    assert sglang_e2e.main(args) == 2
+    assert "--host-samples needs py-spy on PATH" in capsys.readouterr().err
+
+
 def test_dflash_and_fp8_flags_are_sglang_s() -> None:
     spec = ServerSpec(
         "d",
