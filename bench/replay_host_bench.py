@@ -14,7 +14,7 @@ min and max after a warm-up. It leaves out the plan update, a device kernel (CUD
 ``layer_bench.py`` measures its host time on the GPU), and the parent's own refresh, which on a
 CPU runs SGLang's index kernels in Triton's interpreter and so says nothing of a GPU host.
 
-Usage: python bench/replay_host_bench.py [--out bench/results/replay_host.json]
+Usage: python bench/replay_host_bench.py [--out bench/results/replay_host_cpu.json]
 The printed lines are also written next to the JSON as a .log.
 """
 
