@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import shutil
 import statistics
@@ -78,8 +79,10 @@ KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 """--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
 SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
 """Per-repetition values a record reports as median (the plain name), ``_min`` and ``_max``."""
-SAMPLE_FIELDS = (*SUMMARIZED, "started_at")
-"""What a record keeps of each repetition: those values and its start (Unix time)."""
+SAMPLE_FIELDS = (*SUMMARIZED, "started_at", "host_busy_cpus")
+"""What a record keeps of each repetition: those values, its start (Unix time) and how many of
+the host's CPUs were busy on average during it (``/proc/stat``; None where unreadable): a
+host-bound step slows down when other work takes the host."""
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -210,13 +213,32 @@ def sample(answers: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     }
 
 
+def cpu_jiffies(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole host so far, in jiffies; None where unreadable."""
+    try:
+        fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cpus(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many CPUs were busy on average between two ``cpu_jiffies`` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return round(share * (os.cpu_count() or 1), 2)
+
+
 def measure(
     server: SGLangServer, prompts: list[list[int]], new_tokens: int, timeout_s: float
 ) -> dict[str, Any]:
     """One timed repetition of ``new_tokens`` of decode for all ``prompts`` (already cached),
-    with its start as Unix time (to line it up with the GPU's clock log)."""
-    started_at = time.time()
-    return {**sample(*generate(server, prompts, new_tokens, timeout_s)), "started_at": started_at}
+    with its start as Unix time (to line it up with the GPU's clock log) and the host's load."""
+    started_at, before = time.time(), cpu_jiffies()
+    result = sample(*generate(server, prompts, new_tokens, timeout_s))
+    return {**result, "started_at": started_at, "host_busy_cpus": busy_cpus(before, cpu_jiffies())}
 
 
 def shape_record(

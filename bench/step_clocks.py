@@ -89,6 +89,7 @@ def repetitions(speed: dict[str, Any]) -> list[dict[str, Any]]:
                     "start": sample["started_at"],
                     "wall_s": sample["wall_s"],
                     "step_ms": sample["step_ms"],
+                    "host_busy_cpus": sample.get("host_busy_cpus"),
                 }
             )
     return sorted(found, key=lambda r: r["start"])
@@ -117,9 +118,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         return "-" if value is None else str(value)
 
     lines = [
-        "| configuration | batch x prompt | repetition | step ms | clock samples | SM MHz median "
-        "(min) | power W | utilization % | throttle reasons |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| configuration | batch x prompt | repetition | step ms | host CPUs busy | clock samples "
+        "| SM MHz median (min) | power W | utilization % | throttle reasons |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         clocks = (
@@ -129,7 +130,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         )
         lines.append(
             f"| {r['configuration']} | {r['batch']}x{r['prompt_len']} | {r['repetition']} | "
-            f"{cell(r['step_ms'])} | {r['samples']} | {clocks} | {cell(r['power_w_mean'])} | "
+            f"{cell(r['step_ms'])} | {cell(r['host_busy_cpus'])} | {r['samples']} | {clocks} | "
+            f"{cell(r['power_w_mean'])} | "
             f"{cell(r['utilization_pct_mean'])} | {cell(r['throttle'])} |"
         )
     return "\n".join(lines) + "\n"

@@ -76,6 +76,24 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
     assert "--graph-max-bs must be at least 1, got 0" in err
 
 
+def test_a_repetition_records_how_busy_the_host_was(tmp_path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal (guest fields after are part of user)
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    before = sglang_e2e.cpu_jiffies(stat)
+    assert before == (150, 1000)
+    stat.write_text("cpu  400 0 150 900 50 0 0 0 0 0\n")
+    after = sglang_e2e.cpu_jiffies(stat)
+    # 400 of 500 jiffies busy: 80% of every CPU the host has.
+    assert sglang_e2e.busy_cpus(before, after) == round(0.8 * (os.cpu_count() or 1), 2)
+    assert sglang_e2e.busy_cpus(before, None) is None
+    assert sglang_e2e.busy_cpus(after, before) is None
+    assert sglang_e2e.cpu_jiffies(tmp_path / "missing") is None
+    # The real host's reading, as the benchmark takes it.
+    busy, total = sglang_e2e.cpu_jiffies()
+    assert 0 <= busy <= total and total > 0
+
+
 def test_host_samples_are_refused_without_py_spy(tmp_path, capsys, monkeypatch) -> None:
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -158,6 +176,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "cached_tokens_min": 1023,
             "output_ids_head": [5, 6],
             "started_at": 1796300000.0,
+            "host_busy_cpus": 1.5,
         },
         {
             "tokens_per_s": 700.0,
@@ -169,6 +188,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "cached_tokens_min": 1022,
             "output_ids_head": [5, 6],
             "started_at": 1796300001.0,
+            "host_busy_cpus": 1.5,
         },
         {
             "tokens_per_s": 600.0,
@@ -180,6 +200,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
             "cached_tokens_min": 1023,
             "output_ids_head": [5, 7],
             "started_at": 1796300002.0,
+            "host_busy_cpus": 1.5,
         },
     ]
     summary = sglang_e2e.summarize(samples)
@@ -201,6 +222,7 @@ def test_records_report_the_median_with_min_and_max() -> None:
         1796300001.0,
         1796300002.0,
     ]
+    assert all(s["host_busy_cpus"] == 1.5 for s in record["samples"])
     same = sglang_e2e.shape_record(samples[:2], {}, [0, 1])
     assert same["outputs_identical_across_repeats"] is True
 

@@ -41,7 +41,12 @@ def speed_json(path: Path) -> Path:
         return {"configuration": configuration, "batch": 1, "prompt_len": 1024, "samples": samples}
 
     on = [  # a slow repetition over three samples, then one too short to hold any
-        {"started_at": unix(ROWS[1][0]) - 0.05, "wall_s": 0.5, "step_ms": 7.2},
+        {
+            "started_at": unix(ROWS[1][0]) - 0.05,
+            "wall_s": 0.5,
+            "step_ms": 7.2,
+            "host_busy_cpus": 9.5,
+        },
         {"started_at": unix(ROWS[4][0]) + 0.01, "wall_s": 0.05, "step_ms": 4.6},
     ]
     off = [{"started_at": unix(ROWS[0][0]) - 0.01, "wall_s": 0.05, "step_ms": 4.5}]
@@ -84,8 +89,9 @@ def test_the_cli_prints_and_writes_the_table(tmp_path, capsys) -> None:
     assert code == 0
     printed = capsys.readouterr().out
     assert printed == out.read_text()
-    assert "| on | 1x1024 | 0 | 7.2 | 3 | 1500 (1410) | 230.0 | 70.0 | 0x5 |" in printed
-    assert "| on | 1x1024 | 1 | 4.6 | 0 | - | - | - | - |" in printed
+    assert "| on | 1x1024 | 0 | 7.2 | 9.5 | 3 | 1500 (1410) | 230.0 | 70.0 | 0x5 |" in printed
+    # A repetition from before the host's load was recorded, and one too short for a sample.
+    assert "| on | 1x1024 | 1 | 4.6 | - | 0 | - | - | - | - |" in printed
 
 
 def test_a_log_without_samples_or_a_run_without_starts_is_refused(tmp_path, capsys) -> None:
