@@ -34,6 +34,7 @@ def speed_record(spec: ServerSpec, configuration: str, batch: int, prompt_len: i
             "cached_tokens_min": prompt_len - 1,
             "output_ids_head": [3, 4],
             "started_at": 1796300000.0 + d,
+            "host_busy_cpus": 1.2,
         }
         for d in (-10.0, 0.0, 10.0)
     ]
