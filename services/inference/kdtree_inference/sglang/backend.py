@@ -161,9 +161,6 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         self._kdtree_shadow_now = False
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
-        # batch size -> those routes counted (route -> layer calls), for one counter update per
-        # replay instead of one per layer.
-        self._kdtree_graph_tallies: dict[int, Counter[str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
         # The pid shows which process built the backend: a scheduler, never the launcher.
         if not is_draft:
@@ -228,7 +225,6 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             # Capture runs (warm-ups included) are not serving steps: record routes only.
             self._kdtree_capture_key = batch_size
             self._kdtree_graph_routes[batch_size] = {}
-            self._kdtree_graph_tallies.pop(batch_size, None)
             if self.kdtree_shadow_gate is not None:
                 self.kdtree_shadow_gate.set(False, self.qo_indptr[:1], self.kv_indptr[:1])
             return
@@ -262,16 +258,13 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         )
 
     def _kdtree_count_replay(self, batch_size: int) -> None:
-        tally = self._kdtree_graph_tallies.get(batch_size)
-        if tally is None:
-            routes = self._kdtree_graph_routes.get(batch_size)
-            if routes is None:
-                logger.debug(
-                    "kdtree: replay of a verify graph (bs=%d) captured before us", batch_size
-                )
-                return
-            tally = self._kdtree_graph_tallies[batch_size] = Counter(routes.values())
-        for route, calls in tally.items():
+        routes = self._kdtree_graph_routes.get(batch_size)
+        if routes is None:
+            logger.debug("kdtree: replay of a verify graph (bs=%d) captured before us", batch_size)
+            return
+        # One counter update per route, not one per layer: each is a locked file write under
+        # SGLang's multiprocess metrics.
+        for route, calls in Counter(routes.values()).items():
             if route == KERNEL_ROUTE:
                 self.kdtree_telemetry.kernel_calls(calls)
             else:
