@@ -7,8 +7,8 @@ log is (``log``: ``RUN/speed.tar.xz:speed/server_NAME.log``, the archive ``bench
 brings back). A new run's rows replace the rows that measured the same thing; every other row
 stays as it was, with its own run and log, and so do the record's other keys.
 
-The same thing is the same ``ROW_KEY``: model preset, speculative family and draft shape, KV
-dtype, configuration (off, on, ...), batch, prompt length, new tokens, decode-graph batch sizes
+The same thing is the same ``ROW_KEY``: model preset, speculative family and draft shape
+(DFlash's draft window too, where one was set), KV dtype, configuration (off, on, ...), batch, prompt length, new tokens, decode-graph batch sizes
 and tensor parallelism. Rows written before those fields existed were EAGLE tree runs with a
 bf16 KV cache at TP 1, and are keyed as such (``LEGACY``).
 
@@ -33,6 +33,7 @@ ROW_KEY = (
     "model",
     "spec",
     "speculation",
+    "draft_window",
     "kv_dtype",
     "configuration",
     "batch",
@@ -75,6 +76,8 @@ def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHI
     if "block_size" in server:
         row["block_size"] = server["block_size"]
         row["draft"] = server.get("draft")
+        if server.get("draft_window") is not None:
+            row["draft_window"] = server["draft_window"]
     return row
 
 

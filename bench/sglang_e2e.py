@@ -37,7 +37,7 @@ GPU time per verify step per kernel, side by side, to ``OUT/profile/profile.md``
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python bench/sglang_e2e.py --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
                                [--shapes 1x1024,1x131072,8x32768,...]
-        [--repeats 3] [--spec eagle|dflash --draft DIR] [--kv-dtype bf16|fp8]
+        [--repeats 3] [--spec eagle|dflash --draft DIR [--draft-window N]] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -269,6 +269,7 @@ def speed_specs(
     speculation: str = "tree",
     draft: Path | None = None,
     block_size: int = DFLASH_BLOCK_SIZE,
+    draft_window: int | None = None,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
@@ -280,6 +281,7 @@ def speed_specs(
             speculation=speculation,
             draft=draft,
             block_size=block_size,
+            draft_window=draft_window,
             kv_dtype=kv_dtype,
             cuda_graphs=cuda_graphs,
             mem_fraction=mem_fraction,
@@ -322,6 +324,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         speculation=speculation,
         draft=args.draft,
         block_size=args.block_size,
+        draft_window=args.draft_window,
         kv_dtype=kv_dtype,
         cuda_graphs=not args.no_cuda_graphs,
     )
@@ -520,6 +523,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=int, default=DFLASH_BLOCK_SIZE, help="DFlash tokens per verify"
     )
     parser.add_argument(
+        "--draft-window",
+        type=int,
+        default=None,
+        help="DFlash: the draft attends to the last N tokens only "
+        "(SGLang's --speculative-draft-window-size); default: the whole context",
+    )
+    parser.add_argument(
         "--kv-dtype", choices=sorted(KV_DTYPE_NAMES), default="bf16", help="KV cache dtype"
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
@@ -576,8 +586,14 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"no config.json in the draft {args.draft}"
         if args.block_size < 2:
             return f"--block-size must be at least 2, got {args.block_size}"
+        if args.draft_window is not None and args.draft_window < args.block_size:
+            return (
+                f"--draft-window {args.draft_window} is smaller than the block ({args.block_size})"
+            )
     elif args.draft is not None:
         return "--draft is a DFlash draft: use it with --spec dflash"
+    elif args.draft_window is not None:
+        return "--draft-window is DFlash's: use it with --spec dflash"
     if args.host_samples and shutil.which("py-spy") is None:
         return "--host-samples needs py-spy on PATH (docs/development.md)"
     if args.profile_shape is not None and args.profile_shape not in measured_shapes(args):

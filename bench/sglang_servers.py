@@ -8,7 +8,8 @@ grace period, so nothing outlives a run.
 
 The servers' flags are SGLang 0.5.23's: EAGLE with a draft tree (``topk`` > 1) or a chain
 (``topk`` 1), or DFlash (``--speculative-algorithm DFLASH``: a separate draft model, one block of
-``block_size`` tokens verified causally per step); the KV cache in the model's dtype or FP8
+``block_size`` tokens verified causally per step, its draft attending to the whole context or,
+with ``draft_window``, to SGLang's compact draft cache of the last tokens); the KV cache in the model's dtype or FP8
 (``--kv-cache-dtype fp8_e4m3``); decode CUDA graphs up to ``--cuda-graph-max-bs-decode`` (larger
 batches run eagerly, which is how one server exercises both paths), prefill graphs off (their
 capture of up to 8,192 tokens would cost minutes at start).
@@ -81,6 +82,7 @@ class ServerSpec:
     speculation: str = "tree"  # tree | chain (EAGLE) | dflash
     draft: Path | None = None  # the DFlash draft model directory (dflash only)
     block_size: int = DFLASH_BLOCK_SIZE  # DFlash: tokens verified per step
+    draft_window: int | None = None  # DFlash: the draft attends to this many last tokens
     kv_dtype: str = "bfloat16"  # or fp8_e4m3
     cuda_graphs: bool = True
     radix_cache: bool = True
@@ -103,6 +105,14 @@ class ServerSpec:
             raise ValueError(f"{self.name}: a draft model goes with dflash, and only with it")
         if self.block_size < 2:
             raise ValueError(f"{self.name}: block_size must be at least 2, got {self.block_size}")
+        if self.draft_window is not None:
+            if self.speculation != DFLASH:
+                raise ValueError(f"{self.name}: a draft window goes with dflash, and only with it")
+            if self.draft_window < self.block_size:  # SGLang refuses it at start otherwise
+                raise ValueError(
+                    f"{self.name}: draft_window {self.draft_window} is smaller than the block "
+                    f"({self.block_size})"
+                )
 
     @property
     def spec(self) -> str:
@@ -120,6 +130,11 @@ class ServerSpec:
             str(self.draft),
             "--speculative-num-draft-tokens",
             str(self.block_size),
+            *(
+                ["--speculative-draft-window-size", str(self.draft_window)]
+                if self.draft_window is not None
+                else []
+            ),
         ]
 
     def flags(self, port: int) -> list[str]:
@@ -167,7 +182,11 @@ class ServerSpec:
             "spec": self.spec,
             "speculation": self.speculation,
             **(
-                {"draft": self.draft.name, "block_size": self.block_size}
+                {
+                    "draft": self.draft.name,
+                    "block_size": self.block_size,
+                    "draft_window": self.draft_window,
+                }
                 if self.speculation == DFLASH
                 else {}
             ),

@@ -145,6 +145,27 @@ def test_new_rows_replace_the_same_measurement_and_keep_the_rest(committed) -> N
     assert "server" not in added and "output_ids_head" not in added
 
 
+def test_a_draft_window_is_its_own_measurement(committed) -> None:
+    """DFlash with a draft window measures something else than with the whole context."""
+    full = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))
+    windowed = ServerSpec(
+        "speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_window=4096
+    )
+    merged = merge_e2e.merge(
+        copy.deepcopy(committed),
+        [("run92", speed_json([speed_record(full, "on", 1, 1000, 900.0)]))],
+    )
+    merged = merge_e2e.merge(
+        merged, [("run93", speed_json([speed_record(windowed, "on", 1, 1000, 1200.0)]))]
+    )
+    new_rows = merged["records"][len(committed["records"]) :]
+    assert [(r["run"], r.get("draft_window")) for r in new_rows] == [
+        ("run92", None),
+        ("run93", 4096),
+    ]
+    assert merge_e2e.row_key(new_rows[0]) != merge_e2e.row_key(new_rows[1])
+
+
 def test_a_retired_run_leaves_the_record_and_is_named(committed, tmp_path, capsys) -> None:
     eagle = ServerSpec("speed_on", "on", Path("/m"))
     failed = {**speed_record(eagle, "on", 8, 1024, 1.0), "error": "HTTP 500"}

@@ -124,7 +124,14 @@ def test_dflash_and_fp8_flags_are_sglang_s() -> None:
         "fp8_e4m3",
         16,
     )
-    assert described["draft"] == "d16"
+    assert described["draft"] == "d16" and described["draft_window"] is None
+    assert "--speculative-draft-window-size" not in flags
+    windowed = ServerSpec(
+        "w", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_window=4096
+    )
+    windowed_flags = windowed.flags(30005)
+    assert windowed_flags[windowed_flags.index("--speculative-draft-window-size") + 1] == "4096"
+    assert windowed.describe()["draft_window"] == 4096
     eagle = ServerSpec("e", "off", Path("/m"))
     assert "--kv-cache-dtype" not in eagle.flags(1)
     assert eagle.describe()["spec"] == "eagle" and eagle.describe()["kv_dtype"] == "bfloat16"
@@ -140,6 +147,10 @@ def test_server_specs_refuse_inconsistent_speculation() -> None:
         ServerSpec("e", "on", Path("/m"), kv_dtype="fp16")
     with pytest.raises(ValueError, match="speculation 'medusa'"):
         ServerSpec("e", "on", Path("/m"), speculation="medusa")
+    with pytest.raises(ValueError, match="a draft window goes with dflash"):
+        ServerSpec("e", "on", Path("/m"), draft_window=4096)
+    with pytest.raises(ValueError, match="draft_window 8 is smaller than the block"):
+        ServerSpec("d", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_window=8)
 
 
 def test_modes_alternate_per_shape_and_per_repetition() -> None:
@@ -243,7 +254,16 @@ def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsy
     assert sglang_e2e.main([*base, "--draft", str(tmp_path)]) == 2
     assert sglang_e2e.main([*base, "--spec", "dflash", "--draft", str(tmp_path / "x")]) == 2
     assert sglang_e2e.main([*base, "--repeats", "0"]) == 2
+    assert sglang_e2e.main([*base, "--draft-window", "4096"]) == 2
+    assert (
+        sglang_e2e.main(
+            [*base, "--spec", "dflash", "--draft", str(tmp_path), "--draft-window", "15"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
+    assert "--draft-window is DFlash's: use it with --spec dflash" in err
+    assert "--draft-window 15 is smaller than the block (16)" in err
     assert "--spec dflash needs --draft DIR" in err
     assert "--draft is a DFlash draft: use it with --spec dflash" in err
     assert "no config.json in the draft" in err and "--repeats must be at least 1, got 0" in err
@@ -262,11 +282,12 @@ def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
         (),
         speculation="dflash",
         draft=Path("/d"),
+        draft_window=2048,
         kv_dtype="fp8_e4m3",
         cuda_graphs=False,
     )
-    assert {(s.spec, s.kv_dtype, s.draft, s.block_size) for s in specs} == {
-        ("dflash", "fp8_e4m3", Path("/d"), 16)
+    assert {(s.spec, s.kv_dtype, s.draft, s.block_size, s.draft_window) for s in specs} == {
+        ("dflash", "fp8_e4m3", Path("/d"), 16, 2048)
     }
     flags = specs[0].flags(30004)
     assert flags[flags.index("--cuda-graph-backend-decode") + 1] == "disabled"
