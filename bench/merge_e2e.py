@@ -8,8 +8,10 @@ brings back). A new run's rows replace the rows that measured the same thing; ev
 stays as it was, with its own run and log, and so do the record's other keys.
 
 The same thing is the same ``ROW_KEY``: model preset, speculative family and draft shape
-(DFlash's draft window too, where one was set), KV dtype, configuration (off, on, ...), batch, prompt length, new tokens, decode-graph batch sizes
-and tensor parallelism. Rows written before those fields existed were EAGLE tree runs with a
+(DFlash's draft window too, where one was set), KV dtype, configuration (off, on, ...), batch,
+prompt length, new tokens, decode-graph batch sizes, tensor parallelism, and any further SGLang
+arguments the run gave every server (``--server-arg``, e.g. another draft attention backend).
+Rows written before those fields existed were EAGLE tree runs with a
 bf16 KV cache at TP 1, and are keyed as such (``LEGACY``).
 
 A run measured by an older method, or on a grid a newer run replaces, leaves the record with
@@ -41,6 +43,7 @@ ROW_KEY = (
     "new_tokens",
     "graph_max_bs",
     "tp",
+    "extra_args",
 )
 LEGACY = {"spec": "eagle", "speculation": "tree", "kv_dtype": "bfloat16", "tp": 1}
 """What a row without these fields measured: every run before they were recorded."""
@@ -78,6 +81,8 @@ def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHI
         row["draft"] = server.get("draft")
         if server.get("draft_window") is not None:
             row["draft_window"] = server["draft_window"]
+    if server.get("extra_args"):
+        row["extra_args"] = server["extra_args"]
     return row
 
 

@@ -191,6 +191,7 @@ class ServerSpec:
                 else {}
             ),
             "kv_dtype": self.kv_dtype,
+            **({"extra_args": " ".join(self.extra)} if self.extra else {}),
             "cuda_graphs": self.cuda_graphs,
             "graph_max_bs": self.graph_max_bs if self.cuda_graphs else 0,
             "radix_cache": self.radix_cache,

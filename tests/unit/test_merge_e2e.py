@@ -166,6 +166,31 @@ def test_a_draft_window_is_its_own_measurement(committed) -> None:
     assert merge_e2e.row_key(new_rows[0]) != merge_e2e.row_key(new_rows[1])
 
 
+def test_further_server_arguments_are_their_own_measurement(committed) -> None:
+    """A run with, say, another draft attention backend replaces none of the stock rows."""
+    stock = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))
+    flashinfer_draft = ServerSpec(
+        "speed_on",
+        "on",
+        Path("/m"),
+        speculation="dflash",
+        draft=Path("/d"),
+        extra=("--speculative-draft-attention-backend", "flashinfer"),
+    )
+    merged = merge_e2e.merge(
+        copy.deepcopy(committed),
+        [
+            ("run94", speed_json([speed_record(stock, "on", 1, 1000, 900.0)])),
+            ("run95", speed_json([speed_record(flashinfer_draft, "on", 1, 1000, 1500.0)])),
+        ],
+    )
+    new_rows = merged["records"][len(committed["records"]) :]
+    assert [(r["run"], r.get("extra_args")) for r in new_rows] == [
+        ("run94", None),
+        ("run95", "--speculative-draft-attention-backend flashinfer"),
+    ]
+
+
 def test_a_retired_run_leaves_the_record_and_is_named(committed, tmp_path, capsys) -> None:
     eagle = ServerSpec("speed_on", "on", Path("/m"))
     failed = {**speed_record(eagle, "on", 8, 1024, 1.0), "error": "HTTP 500"}
