@@ -32,6 +32,8 @@
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
 # SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
+# SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
+# bench/flashinfer_payload.sh), for SGLang arguments that name it.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV;
 # about 7-8 minutes each on an H200, servers' start included):
 #   SPEED_ARGS="--shapes 1x1024,1x8192,1x32768,1x128000,8x1024,8x8192,8x32768,32x1024,32x8192 --graph-max-bs 32"
@@ -50,6 +52,20 @@ if [ ! -f "$site/sglang/launch_server.py" ]; then
   say "unpacking the SGLang payload"
   mkdir -p "$site" && tar xJf .sglsite/site.tar.xz -C "$site"
 fi
+# FlashInfer only when asked for (bench/flashinfer_payload.sh), e.g. for DFlash's draft attention
+# with --server-arg=--speculative-draft-attention-backend=flashinfer; without it every server runs
+# on the payload as it is.
+if [ "${SGLANG_GPU_FLASHINFER:-0}" = 1 ]; then
+  [ -f .sglsite/flashinfer.tar.xz ] ||
+    { say "SGLANG_GPU_FLASHINFER=1 needs .sglsite/flashinfer.tar.xz: bench/flashinfer_payload.sh" >&2; exit 2; }
+  if [ ! -d "$site/flashinfer" ]; then
+    say "unpacking FlashInfer"
+    tar xJf .sglsite/flashinfer.tar.xz -C "$site"
+  fi
+  export FLASHINFER_WORKSPACE_BASE=/tmp  # its JIT cache, kept while the machine stays warm
+elif [ -d "$site/flashinfer" ]; then  # left by an earlier command on this warm machine
+  rm -rf "$site/flashinfer" "$site"/flashinfer_python-*.dist-info
+fi
 say "installing kdtree-verify, kdtree-inference, kdtree-parity from this tree"
 # The packages' own pure-Python dependencies that the payload lacks travel as .sglsite/wheels
 # (docs/development.md); without them kdtree-parity and the backend's settings cannot import.
@@ -58,10 +74,9 @@ extra_wheels=(.sglsite/wheels/*.whl)
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" \
   "${extra_wheels[@]}" ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
-# The payload has no FlashInfer, which DFlash's sampling verify needs: bench/without_flashinfer.
-if ! python3 -c 'import flashinfer' 2>/dev/null; then
-  export PYTHONPATH=$PWD/bench/without_flashinfer:$PYTHONPATH
-fi
+# DFlash's sampling verify needs FlashInfer's sampling kernels, which the payload never has
+# (FlashInfer, when carried, serves attention only): bench/without_flashinfer marks it unavailable.
+export PYTHONPATH=$PWD/bench/without_flashinfer:$PYTHONPATH
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # The payload's Rust radix-tree core is built for torch 2.14 and panics on 2.11: use the Python one.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

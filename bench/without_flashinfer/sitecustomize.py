@@ -8,9 +8,10 @@ without that kernel: ``dflash_utils._DFLASH_SAMPLING_VERIFY_AVAILABLE = False``,
 rehearsal is skipped and requests verify greedily (``spec_sampling_mask.py``). Greedy decoding is
 all the benchmarks and parity runs use, so this changes none of their numbers.
 
-``bench/sglang_gpu.sh`` puts this directory first on ``PYTHONPATH`` only when ``import
-flashinfer`` fails, so every server process (and its spawned scheduler) runs this at start.
-Never shipped: the inference image installs SGLang with FlashInfer.
+``bench/sglang_gpu.sh`` puts this directory first on ``PYTHONPATH``, so every server process (and
+its spawned scheduler) runs this at start. It does so also when it carries FlashInfer for
+attention (``SGLANG_GPU_FLASHINFER=1``), so that such a run differs from the others in the
+attention backend alone. Never shipped: the inference image installs SGLang with FlashInfer.
 """
 
 import importlib.abc
