@@ -11,8 +11,8 @@ The same thing is the same ``ROW_KEY``: model preset, speculative family and dra
 (DFlash's draft window too, where one was set), KV dtype, configuration (off, on, ...), batch,
 prompt length, new tokens, decode-graph batch sizes, tensor parallelism, and any further SGLang
 arguments the run gave every server (``--server-arg``, e.g. another draft attention backend).
-Rows written before those fields existed were EAGLE tree runs with a
-bf16 KV cache at TP 1, and are keyed as such (``LEGACY``).
+Rows written before those fields existed were EAGLE tree runs with a bf16 KV cache at TP 1, and
+are keyed as such (``LEGACY``).
 
 A run measured by an older method, or on a grid a newer run replaces, leaves the record with
 ``--retire RUN``: its rows, failed records and ``runs`` entry go, and ``retired`` names it (the

@@ -9,10 +9,10 @@ grace period, so nothing outlives a run.
 The servers' flags are SGLang 0.5.23's: EAGLE with a draft tree (``topk`` > 1) or a chain
 (``topk`` 1), or DFlash (``--speculative-algorithm DFLASH``: a separate draft model, one block of
 ``block_size`` tokens verified causally per step, its draft attending to the whole context or,
-with ``draft_window``, to SGLang's compact draft cache of the last tokens); the KV cache in the model's dtype or FP8
-(``--kv-cache-dtype fp8_e4m3``); decode CUDA graphs up to ``--cuda-graph-max-bs-decode`` (larger
-batches run eagerly, which is how one server exercises both paths), prefill graphs off (their
-capture of up to 8,192 tokens would cost minutes at start).
+with ``draft_window``, to SGLang's compact draft cache of the last tokens); the KV cache in the
+model's dtype or FP8 (``--kv-cache-dtype fp8_e4m3``); decode CUDA graphs up to
+``--cuda-graph-max-bs-decode`` (larger batches run eagerly, which is how one server exercises both
+paths), prefill graphs off (their capture of up to 8,192 tokens would cost minutes at start).
 """
 
 from __future__ import annotations
