@@ -14,12 +14,17 @@ arguments the run gave every server (``--server-arg``, e.g. another draft attent
 Rows written before those fields existed were EAGLE tree runs with a bf16 KV cache at TP 1, and
 are keyed as such (``LEGACY``).
 
+A run cut before it wrote its ``speed.json`` (a device command's time limit) is merged from its
+log instead, ``RUN=path/speed.log``: the records it printed as it measured them (``[e2e] {...}``
+lines) and its servers' start times; its ``runs`` entry says ``from_log``.
+
 A run measured by an older method, or on a grid a newer run replaces, leaves the record with
 ``--retire RUN``: its rows, failed records and ``runs`` entry go, and ``retired`` names it (the
 run's archive can then leave the tree; git history keeps it).
 
 Usage:
-    python bench/merge_e2e.py RECORD [RUN=SPEED_JSON ...] [--retire RUN ...] [--log-archive FMT]
+    python bench/merge_e2e.py RECORD [RUN=SPEED_JSON|SPEED_LOG ...] [--retire RUN ...]
+                              [--log-archive FMT]
 e.g. ``python bench/merge_e2e.py bench/results/sglang_e2e_h200.json run9=/tmp/out/speed.json``.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +56,9 @@ LEGACY = {"spec": "eagle", "speculation": "tree", "kv_dtype": "bfloat16", "tp": 
 DROPPED = ("server", "output_ids_head")
 """Per-run detail a committed row leaves in the run's own speed.json."""
 LOG_ARCHIVE = "{run}/speed.tar.xz:speed/{log}"
+RECORD_LINE = "[e2e] {"
+"""How sglang_e2e.py prints each record as it is measured (the line's rest is the record)."""
+READY_LINE = re.compile(r"^\[e2e\] (\S+) ready after ([0-9.]+) s", re.MULTILINE)
 
 
 class MergeError(ValueError):
@@ -109,10 +118,12 @@ def merge(
             raise MergeError(f"run {run!r} is already in the record; name the new run otherwise")
         records = speed.get("records")
         if not isinstance(records, list) or not records:
-            raise MergeError(f"{run}: no records in its speed.json")
+            raise MergeError(f"{run}: no records in its speed.json (or log)")
         run_info[run] = {
             k: speed.get(k) for k in ("new_tokens", "repeats", "warmup_tokens", "ready_after_s")
         }
+        if speed.get("from_log"):
+            run_info[run]["from_log"] = True
         model = speed.get("model") or {}
         if model.get("preset"):
             models[model["preset"]] = {**model, **speed.get("model_config", {})}
@@ -157,17 +168,42 @@ def retire(committed: dict[str, Any], runs: list[str]) -> dict[str, Any]:
     return retired
 
 
+def speed_from_log(text: str) -> dict[str, Any]:
+    """What a run's log holds of its speed.json: the records and the servers' start times."""
+    records = [
+        json.loads(line[len(RECORD_LINE) - 1 :])
+        for line in text.splitlines()
+        if line.startswith(RECORD_LINE)
+    ]
+    first = records[0] if records else {}
+    return {
+        "new_tokens": first.get("new_tokens"),
+        "repeats": first.get("repeats"),
+        "records": records,
+        "ready_after_s": {name: float(s) for name, s in READY_LINE.findall(text)},
+        "from_log": True,
+    }
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """A run's speed.json, or its log (``*.log``) for a run cut before it wrote one."""
+    text = path.read_text()
+    return speed_from_log(text) if path.suffix == ".log" else json.loads(text)
+
+
 def parse_run(text: str) -> tuple[str, Path]:
     run, sep, path = text.partition("=")
     if not sep or not run or not path:
-        raise argparse.ArgumentTypeError(f"expected RUN=SPEED_JSON, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected RUN=SPEED_JSON or RUN=SPEED_LOG, got {text!r}")
     return run, Path(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="the committed record, rewritten in place")
-    parser.add_argument("runs", type=parse_run, nargs="*", help="RUN=path/to/speed.json")
+    parser.add_argument(
+        "runs", type=parse_run, nargs="*", help="RUN=path/to/speed.json (or a cut run's speed.log)"
+    )
     parser.add_argument(
         "--retire", action="append", default=[], metavar="RUN", help="drop RUN's rows (repeatable)"
     )
@@ -179,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         committed = json.loads(args.record.read_text())
         if not args.runs and not args.retire:
             raise MergeError("nothing to do: name a RUN=SPEED_JSON or a --retire RUN")
-        runs = [(run, json.loads(path.read_text())) for run, path in args.runs]
+        runs = [(run, read_run(path)) for run, path in args.runs]
         if args.retire:
             committed = retire(committed, args.retire)
         merged = merge(committed, runs, args.log_archive) if runs else committed

@@ -245,3 +245,31 @@ def test_the_cli_rewrites_the_record_in_its_committed_format(committed, tmp_path
     assert text == json.dumps(merged, indent=1) + "\n"
     assert merged["records"][-1]["kv_dtype"] == "fp8_e4m3"
     assert len(merged["records"]) == len(committed["records"]) + 1
+
+
+def test_a_run_cut_before_its_speed_json_is_merged_from_its_log(committed, tmp_path) -> None:
+    """The records a cut run printed as it measured them, and its servers' start times."""
+    dflash = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))
+    records = [speed_record(dflash, "on", 1, 1024, 500.0), speed_record(dflash, "on", 1, 8192, 400.0)]
+    log = tmp_path / "speed.log"
+    log.write_text(
+        "make_model: rank seed 0\n[e2e] speed_on ready after 66 s at http://127.0.0.1:1\n"
+        + "".join(f"[e2e] {json.dumps(r)}\n" for r in records)
+        + "Traceback (most recent call last):\nKeyboardInterrupt\n"
+    )
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(committed))
+    assert merge_e2e.main([str(record), f"run90={log}"]) == 0
+    merged = json.loads(record.read_text())
+    new = [r for r in merged["records"] if r["run"] == "run90"]
+    assert [(r["prompt_len"], r["tokens_per_s"]) for r in new] == [(1024, 500.0), (8192, 400.0)]
+    assert merged["runs"]["run90"] == {
+        "new_tokens": 256,
+        "repeats": 3,
+        "warmup_tokens": None,
+        "ready_after_s": {"speed_on": 66.0},
+        "from_log": True,
+    }
+    log.write_text("[e2e] speed_on ready after 66 s\nKeyboardInterrupt\n")  # cut before a record
+    record.write_text(json.dumps(committed))
+    assert merge_e2e.main([str(record), f"run91={log}"]) == 2
