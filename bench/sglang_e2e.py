@@ -26,7 +26,9 @@ are measured one at a time (never two decoding at once), in an order that altern
 and per repetition (off,on then on,off), so neither mode always runs first after a warm-up.
 ``--spec`` and ``--kv-dtype`` pick the configuration family (EAGLE or DFlash, bf16 or FP8 KV
 cache) that one command measures; every record names it (``spec``, ``kv_dtype``, ``model``).
-``bench/merge_e2e.py`` folds the ``speed.json`` files of runs into the committed record.
+``speed.json`` is written again after every shape (``complete`` false until the last one), so a
+run cut by a time limit keeps what it measured. ``bench/merge_e2e.py`` folds the ``speed.json``
+files of runs into the committed record.
 
 ``--profile-shape BxP`` profiles one measured shape with SGLang's own profiler after its timed
 repetitions: one more generation of ``--profile-tokens`` per server between /start_profile and
@@ -333,6 +335,12 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
+
+    def write_result(complete: bool) -> dict[str, Any]:
+        result = speed_result(args, config, records, profile, servers, complete)
+        (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     try:
         if failed:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
@@ -355,12 +363,26 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                     records.append(record)
                 if args.profile_shape == (prompt_len, batch):
                     profile = profile_shape(servers, args, prompts)
+                # What is measured so far, in case the run is cut (a device command's limit).
+                write_result(complete=False)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
     finally:
         stop_all(servers)
     for name, text in metrics.items():
         (out / f"metrics_{name}.txt").write_text(text)
-    result = {
+    return write_result(complete=True)
+
+
+def speed_result(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    records: list[dict[str, Any]],
+    profile: dict[str, Any] | None,
+    servers: dict[str, SGLangServer],
+    complete: bool,
+) -> dict[str, Any]:
+    """speed.json: the model, the method, the records so far; ``complete`` once every shape is."""
+    return {
         "model": config.get("kdtree_model"),
         "model_config": {
             k: config.get(k)
@@ -382,12 +404,11 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "warmup_tokens": args.warmup_tokens,
+        "complete": complete,
         "records": records,
         "profile": profile,
         "ready_after_s": {n: s.ready_after_s for n, s in servers.items()},
     }
-    (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 def profile_shape(

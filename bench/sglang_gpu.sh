@@ -31,7 +31,8 @@
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
-# SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft.
+# SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft;
+# SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV;
@@ -127,11 +128,14 @@ run_phase() {
       nvidia-smi --format=csv,nounits -lms 200 --query-gpu="$GPU_CLOCK_FIELDS" \
         >"$OUT/speed/gpu_clocks.csv" 2>&1 &
       clocks=$!
+      # SIGINT at SPEED_TIMEOUT: the servers stop, and speed.json keeps the shapes measured so
+      # far (rewritten after each), so the phase still archives within the device's 10 minutes.
       # shellcheck disable=SC2086
-      python3 bench/sglang_e2e.py --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" \
-        ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.log"
+      timeout -s INT -k 30 "${SPEED_TIMEOUT:-500}" python3 bench/sglang_e2e.py \
+        --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" ${SPEED_ARGS:-} 2>&1 \
+        | tee "$OUT/speed.log" || say "speed: bench/sglang_e2e.py exited $?"
       kill "$clocks" || true
-      cp "$OUT/speed/speed.json" "$OUT/"
+      cp "$OUT/speed/speed.json" "$OUT/" || true
       # Each repetition's step time beside the clocks during it (here: nvidia-smi logs local time).
       python3 bench/step_clocks.py "$OUT/speed/speed.json" "$OUT/speed/gpu_clocks.csv" \
         --out "$OUT/step_clocks.md" >/dev/null || true

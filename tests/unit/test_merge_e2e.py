@@ -250,7 +250,10 @@ def test_the_cli_rewrites_the_record_in_its_committed_format(committed, tmp_path
 def test_a_run_cut_before_its_speed_json_is_merged_from_its_log(committed, tmp_path) -> None:
     """The records a cut run printed as it measured them, and its servers' start times."""
     dflash = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))
-    records = [speed_record(dflash, "on", 1, 1024, 500.0), speed_record(dflash, "on", 1, 8192, 400.0)]
+    records = [
+        speed_record(dflash, "on", 1, 1024, 500.0),
+        speed_record(dflash, "on", 1, 8192, 400.0),
+    ]
     log = tmp_path / "speed.log"
     log.write_text(
         "make_model: rank seed 0\n[e2e] speed_on ready after 66 s at http://127.0.0.1:1\n"
