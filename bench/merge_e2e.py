@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sglang_e2e import records_in_log
+from sglang_servers import READY_LINE
 
 ROW_KEY = (
     "model",
@@ -56,9 +60,6 @@ LEGACY = {"spec": "eagle", "speculation": "tree", "kv_dtype": "bfloat16", "tp": 
 DROPPED = ("server", "output_ids_head")
 """Per-run detail a committed row leaves in the run's own speed.json."""
 LOG_ARCHIVE = "{run}/speed.tar.xz:speed/{log}"
-RECORD_LINE = "[e2e] {"
-"""How sglang_e2e.py prints each record as it is measured (the line's rest is the record)."""
-READY_LINE = re.compile(r"^\[e2e\] (\S+) ready after ([0-9.]+) s", re.MULTILINE)
 
 
 class MergeError(ValueError):
@@ -170,11 +171,7 @@ def retire(committed: dict[str, Any], runs: list[str]) -> dict[str, Any]:
 
 def speed_from_log(text: str) -> dict[str, Any]:
     """What a run's log holds of its speed.json: the records and the servers' start times."""
-    records = [
-        json.loads(line[len(RECORD_LINE) - 1 :])
-        for line in text.splitlines()
-        if line.startswith(RECORD_LINE)
-    ]
+    records = records_in_log(text)
     first = records[0] if records else {}
     return {
         "new_tokens": first.get("new_tokens"),

@@ -77,6 +77,8 @@ MODES = {
     # on for target verify only: what serving EAGLE's draft extend through the kernel buys.
     "on_draft_triton": ("on", {"KDTREE_DRAFT_EXTEND": "off"}),
 }
+RECORD_PREFIX = "[e2e] "
+"""What starts the line each record is printed on as it is measured (then the record's JSON)."""
 KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
 """--kv-dtype -> the dtype a ServerSpec (and a record's ``kv_dtype``) names."""
 SUMMARIZED = ("tokens_per_s", "step_ms", "accept_length", "wall_s", "verify_steps_max")
@@ -261,6 +263,15 @@ def shape_record(
     }
 
 
+def records_in_log(text: str) -> list[dict[str, Any]]:
+    """The records a run printed, in order: what its log keeps if it was cut before speed.json."""
+    return [
+        json.loads(line.removeprefix(RECORD_PREFIX))
+        for line in text.splitlines()
+        if line.startswith(RECORD_PREFIX + "{")
+    ]
+
+
 def speed_specs(
     model: Path,
     modes: list[str],
@@ -359,7 +370,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 for record in measure_shape(servers, args, prompts, index):
                     record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
-                    print(f"[e2e] {json.dumps(record)}", flush=True)
+                    print(RECORD_PREFIX + json.dumps(record), flush=True)
                     records.append(record)
                 if args.profile_shape == (prompt_len, batch):
                     profile = profile_shape(servers, args, prompts)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from kdtree_inference.engine.launch import LOOPBACK, free_port, health_status
+
+READY_LINE = re.compile(r"^\[e2e\] (\S+) ready after ([0-9.]+) s", re.MULTILINE)
+"""The line a server's start prints once it answers (``_ready``): name, seconds."""
 
 SPECULATION = {
     # EAGLE's draft tree: 3 draft steps, top-4 per step, 8 tokens verified per step.
