@@ -37,6 +37,7 @@ def test_speed_specs_carry_the_draft_extend_switch_and_tp() -> None:
     by_name = {s.name: s for s in specs}
     assert by_name["speed_on_draft_triton"].mode == "on"
     assert by_name["speed_on_draft_triton"].env == {"KDTREE_DRAFT_EXTEND": "off"}
+    assert by_name["speed_on_fp16"].env == {"KDTREE_FP8_NUMERICS": "fp16"}
     assert {s.tp for s in specs} == {2}
     assert {s.graph_max_bs for s in specs} == {4}
     wide = sglang_e2e.speed_specs(Path("/m"), ["off"], 0.1, (), graph_max_bs=8)[0]
