@@ -346,13 +346,14 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         cuda_graphs=not args.no_cuda_graphs,
     )
     avoid = draft_mask_token(args.draft)
+    draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
     preset = config.get("kdtree_model", {}).get("preset", args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
 
     def write_result(complete: bool) -> dict[str, Any]:
-        result = speed_result(args, config, records, profile, servers, complete)
+        result = speed_result(args, config, draft, records, profile, servers, complete)
         (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
 
@@ -391,12 +392,14 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
 def speed_result(
     args: argparse.Namespace,
     config: dict[str, Any],
+    draft_config: dict[str, Any] | None,
     records: list[dict[str, Any]],
     profile: dict[str, Any] | None,
     servers: dict[str, SGLangServer],
     complete: bool,
 ) -> dict[str, Any]:
-    """speed.json: the model, the method, the records so far; ``complete`` once every shape is."""
+    """speed.json: the model, the method, the records so far; ``complete`` once every shape is.
+    ``config`` and ``draft_config`` are the target's and the draft's config.json (read once)."""
     return {
         "model": config.get("kdtree_model"),
         "model_config": {
@@ -413,9 +416,7 @@ def speed_result(
                 "max_position_embeddings",
             )
         },
-        "draft": None
-        if args.draft is None
-        else json.loads((args.draft / "config.json").read_text()).get("kdtree_model"),
+        "draft": None if draft_config is None else draft_config.get("kdtree_model"),
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "warmup_tokens": args.warmup_tokens,

@@ -367,10 +367,12 @@ def test_speed_json_says_whether_every_shape_was_measured(tmp_path) -> None:
     config = {"kdtree_model": {"preset": "rank"}, "hidden_size": 7168, "vocab_size": 4096}
     server = argparse.Namespace(ready_after_s=66.0)
     records = [{"batch": 1, "prompt_len": 1024}]
-    partial = sglang_e2e.speed_result(args, config, records, None, {"speed_on": server}, False)
+    partial = sglang_e2e.speed_result(
+        args, config, None, records, None, {"speed_on": server}, False
+    )
     assert partial["complete"] is False and partial["records"] == records
     assert partial["repeats"] == 5 and partial["draft"] is None
     assert partial["model_config"]["hidden_size"] == 7168
     assert partial["ready_after_s"] == {"speed_on": 66.0}
-    done = sglang_e2e.speed_result(args, config, records, None, {"speed_on": server}, True)
+    done = sglang_e2e.speed_result(args, config, None, records, None, {"speed_on": server}, True)
     assert done["complete"] is True
