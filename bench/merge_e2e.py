@@ -14,6 +14,12 @@ arguments the run gave every server (``--server-arg``, e.g. another draft attent
 Rows written before those fields existed were EAGLE tree runs with a bf16 KV cache at TP 1, and
 are keyed as such (``LEGACY``).
 
+The configurations of one shape (the key less ``configuration``) are read against each other (on
+against off), so they come from one run, measured together with alternating order. A run that
+measures only some of a shape's configurations would leave its rows beside another run's: the
+merge refuses that and names the shape, unless ``--drop-stale`` says to drop the older runs' rows
+of that shape (a diagnostic run, such as two of the modes again, is better left unmerged).
+
 A run cut before it wrote its ``speed.json`` (a device command's time limit) is merged from its
 log instead, ``RUN=path/speed.log``: the records it printed as it measured them (``[e2e] {...}``
 lines) and its servers' start times; its ``runs`` entry says ``from_log``.
@@ -24,7 +30,7 @@ run's archive can then leave the tree; git history keeps it).
 
 Usage:
     python bench/merge_e2e.py RECORD [RUN=SPEED_JSON|SPEED_LOG ...] [--retire RUN ...]
-                              [--log-archive FMT]
+                              [--drop-stale] [--log-archive FMT]
 e.g. ``python bench/merge_e2e.py bench/results/sglang_e2e_h200.json run9=/tmp/out/speed.json``.
 """
 
@@ -55,6 +61,8 @@ ROW_KEY = (
     "tp",
     "extra_args",
 )
+SHAPE_KEY = tuple(k for k in ROW_KEY if k != "configuration")
+"""The rows of one shape: its configurations are compared with each other."""
 LEGACY = {"spec": "eagle", "speculation": "tree", "kv_dtype": "bfloat16", "tp": 1}
 """What a row without these fields measured: every run before they were recorded."""
 DROPPED = ("server", "output_ids_head")
@@ -66,8 +74,46 @@ class MergeError(ValueError):
     """A speed.json or record that cannot be merged (one line)."""
 
 
-def row_key(row: dict[str, Any]) -> tuple:
-    return tuple(row.get(k, LEGACY.get(k)) for k in ROW_KEY)
+def row_key(row: dict[str, Any], fields: tuple[str, ...] = ROW_KEY) -> tuple:
+    return tuple(row.get(k, LEGACY.get(k)) for k in fields)
+
+
+def describe_shape(row: dict[str, Any]) -> str:
+    """A shape as a person names it: ``rank dflash fp8_e4m3 8x1024`` and what else sets it apart."""
+    fields = dict(zip(SHAPE_KEY, row_key(row, SHAPE_KEY), strict=True))
+    words = [str(fields[k]) for k in ("model", "spec", "kv_dtype")]
+    words.append(f"{fields['batch']}x{fields['prompt_len']}")
+    if fields["draft_window"] is not None:
+        words.append(f"draft window {fields['draft_window']}")
+    if fields["extra_args"]:
+        words.append(f"({fields['extra_args']})")
+    return " ".join(words)
+
+
+def mixed_shapes(rows: list[dict[str, Any]], runs: set[str]) -> dict[tuple, list[dict]]:
+    """The shapes that ``runs`` measured whose rows come from more than one run."""
+    by_shape: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_shape.setdefault(row_key(row, SHAPE_KEY), []).append(row)
+    return {
+        shape: shape_rows
+        for shape, shape_rows in by_shape.items()
+        if len({r.get("run") for r in shape_rows}) > 1
+        and any(r.get("run") in runs for r in shape_rows)
+    }
+
+
+def mixed_error(mixed: dict[tuple, list[dict]], hint: str) -> MergeError:
+    shapes = []
+    for shape_rows in mixed.values():
+        by_run: dict[str, list[str]] = {}
+        for row in shape_rows:
+            by_run.setdefault(str(row.get("run")), []).append(str(row["configuration"]))
+        runs = "; ".join(f"{run}: {', '.join(c)}" for run, c in by_run.items())
+        shapes.append(f"{describe_shape(shape_rows[0])} ({runs})")
+    return MergeError(
+        f"a shape's configurations would come from different runs: {' | '.join(shapes)}; {hint}"
+    )
 
 
 def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHIVE) -> dict:
@@ -100,12 +146,15 @@ def merge(
     committed: dict[str, Any],
     runs: list[tuple[str, dict[str, Any]]],
     log_archive: str = LOG_ARCHIVE,
+    drop_stale: bool = False,
 ) -> dict[str, Any]:
     """The committed record with each run's rows in place of those they measured again.
 
     Rows keep their order; rows of a new key go at the end in the runs' order. Failed records
     (``error``) replace nothing and are kept under ``failed_records``. ``models`` and ``runs``
-    say which model and which method (repeats, warm-up, new tokens) each run used.
+    say which model and which method (repeats, warm-up, new tokens) each run used. A shape the
+    runs measured ends with rows of one run, or the merge is refused (``MergeError``);
+    ``drop_stale`` drops the older runs' rows of such a shape instead.
     """
     if not isinstance(committed.get("records"), list):
         raise MergeError("the committed record has no 'records' list")
@@ -141,6 +190,21 @@ def merge(
             else:
                 index[key] = len(rows)
                 rows.append(row)
+    new_runs = {run for run, _ in runs}
+    mixed = mixed_shapes(rows, new_runs)
+    if mixed and not drop_stale:
+        raise mixed_error(
+            mixed,
+            "merge every configuration of those shapes from one run, or pass --drop-stale to "
+            "drop the older runs' rows of them",
+        )
+    if mixed:
+        rows = [
+            r for r in rows if not (row_key(r, SHAPE_KEY) in mixed and r["run"] not in new_runs)
+        ]
+        mixed = mixed_shapes(rows, new_runs)
+        if mixed:
+            raise mixed_error(mixed, "the new runs split those shapes between them: merge one")
     merged = {**committed, "records": rows, "models": models, "runs": run_info}
     if failed:
         merged["failed_records"] = failed
@@ -205,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         "--retire", action="append", default=[], metavar="RUN", help="drop RUN's rows (repeatable)"
     )
     parser.add_argument(
+        "--drop-stale",
+        action="store_true",
+        help="drop older runs' rows of a shape the new runs measured only in part",
+    )
+    parser.add_argument(
         "--log-archive", default=LOG_ARCHIVE, help=f"where a row's log is (default {LOG_ARCHIVE})"
     )
     args = parser.parse_args(argv)
@@ -215,15 +284,24 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(run, read_run(path)) for run, path in args.runs]
         if args.retire:
             committed = retire(committed, args.retire)
-        merged = merge(committed, runs, args.log_archive) if runs else committed
+        merged = merge(committed, runs, args.log_archive, args.drop_stale) if runs else committed
     except (OSError, json.JSONDecodeError, MergeError) as error:
         print(f"merge_e2e: {error}", file=sys.stderr)
         return 2
     args.record.write_text(json.dumps(merged, indent=1) + "\n")
-    replaced = sum(1 for r in merged["records"] if r.get("run") in dict(args.runs))
+    new_runs = dict(args.runs)
+    replaced = sum(1 for r in merged["records"] if r.get("run") in new_runs)
+    # Rows whose key is gone: those --drop-stale dropped (a replaced row keeps its key).
+    merged_keys = {row_key(r) for r in merged["records"]}
+    dropped = [
+        f"{r.get('run')} {r['configuration']} {describe_shape(r)}"
+        for r in committed["records"]
+        if row_key(r) not in merged_keys
+    ]
     print(
         f"merge_e2e: {args.record}: {len(merged['records'])} rows, {replaced} from the new runs"
         + (f", retired {', '.join(args.retire)}" if args.retire else "")
+        + (f", dropped stale rows: {'; '.join(dropped)}" if dropped else "")
     )
     return 0
 

@@ -276,3 +276,41 @@ def test_a_run_cut_before_its_speed_json_is_merged_from_its_log(committed, tmp_p
     log.write_text("[e2e] speed_on ready after 66 s\nKeyboardInterrupt\n")  # cut before a record
     record.write_text(json.dumps(committed))
     assert merge_e2e.main([str(record), f"run91={log}"]) == 2
+
+
+def test_a_shape_keeps_the_configurations_of_one_run(committed, tmp_path, capsys) -> None:
+    """A run that measures only some configurations of a shape would pair its rows with another
+    run's: refused, naming the shape and runs, unless --drop-stale drops the older rows."""
+    off = ServerSpec("speed_off", "off", Path("/m"), speculation="dflash", draft=Path("/d"))
+    on = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))
+    pair = speed_json(
+        [speed_record(off, "off", 8, 1000, 500.0), speed_record(on, "on", 8, 1000, 600.0)]
+    )
+    before = merge_e2e.merge(committed, [("run90", pair)])
+    diagnostic = speed_json([speed_record(off, "off", 8, 1000, 450.0)])
+    with pytest.raises(
+        merge_e2e.MergeError,
+        match=r"rank dflash bfloat16 8x1000 \(run91: off; run90: on\).*--drop-stale",
+    ):
+        merge_e2e.merge(copy.deepcopy(before), [("run91", diagnostic)])
+
+    dropped = merge_e2e.merge(copy.deepcopy(before), [("run91", diagnostic)], drop_stale=True)
+    shape = [r for r in dropped["records"] if (r["batch"], r["prompt_len"]) == (8, 1000)]
+    assert [(r["run"], r["configuration"]) for r in shape] == [("run91", "off")]
+    assert dropped["records"][: len(committed["records"])] == committed["records"]
+
+    # Two new runs that split one shape between them are refused even with --drop-stale.
+    other_on = speed_json([speed_record(on, "on", 8, 1000, 650.0)])
+    with pytest.raises(merge_e2e.MergeError, match="the new runs split those shapes"):
+        merge_e2e.merge(
+            copy.deepcopy(before), [("run91", diagnostic), ("run92", other_on)], drop_stale=True
+        )
+
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(before))
+    (tmp_path / "speed.json").write_text(json.dumps(diagnostic))
+    assert merge_e2e.main([str(record), f"run91={tmp_path / 'speed.json'}"]) == 2
+    assert "different runs" in capsys.readouterr().err
+    assert json.loads(record.read_text()) == before  # nothing written on refusal
+    assert merge_e2e.main([str(record), f"run91={tmp_path / 'speed.json'}", "--drop-stale"]) == 0
+    assert "dropped stale rows: run90 on rank dflash bfloat16 8x1000" in capsys.readouterr().out
