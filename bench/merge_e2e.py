@@ -176,7 +176,7 @@ def merge(
             run_info[run]["from_log"] = True
         model = speed.get("model") or {}
         if model.get("preset"):
-            models[model["preset"]] = {**model, **speed.get("model_config", {})}
+            models[model.get("name", model["preset"])] = {**model, **speed.get("model_config", {})}
         if speed.get("draft"):
             run_info[run]["draft"] = speed["draft"]
         for record in records:

@@ -57,8 +57,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 
 from host_samples import HostSampler
+from make_model import made_model_name
 from sglang_profile import comparison, comparison_markdown, merged_times, profile_decode
 from sglang_servers import (
     DFLASH,
@@ -347,7 +349,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     )
     avoid = draft_mask_token(args.draft)
     draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
-    preset = config.get("kdtree_model", {}).get("preset", args.model.name)
+    model_name = made_model_name(config, args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout)
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
@@ -374,7 +376,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                     batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
                 )
                 for record in measure_shape(servers, args, prompts, index):
-                    record.update(model=preset, spec=specs[0].spec, kv_dtype=kv_dtype)
+                    record.update(model=model_name, spec=specs[0].spec, kv_dtype=kv_dtype)
                     print(RECORD_PREFIX + json.dumps(record), flush=True)
                     records.append(record)
                 if args.profile_shape == (prompt_len, batch):

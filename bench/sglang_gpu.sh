@@ -31,7 +31,9 @@
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
-# SPEED_PRESET is the make_model.py preset (default rank); SPEED_SPEC=dflash writes a DFlash draft;
+# SPEED_PRESET is the make_model.py preset (default rank), SPEED_LAYERS its target layer count
+# (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash
+# writes a DFlash draft;
 # SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
@@ -116,7 +118,8 @@ run_phase() {
       done ;;
     speed)
       preset=${SPEED_PRESET:-rank}
-      python3 bench/models/make_model.py --preset "$preset" --device cuda "/tmp/models/$preset"
+      python3 bench/models/make_model.py --preset "$preset" ${SPEED_LAYERS:+--layers "$SPEED_LAYERS"} \
+        --device cuda "/tmp/models/$preset"
       spec_args=()
       if [ "${SPEED_SPEC:-eagle}" = dflash ]; then
         python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"

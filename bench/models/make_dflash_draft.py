@@ -57,7 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_model import _Weights
+from make_model import _Weights, made_model_name
 
 DRAFT_HEAD_DIM = 128
 ATTENTION_GAIN = 2.0**24
@@ -161,7 +161,7 @@ def write_draft(target_dir: Path, out: Path, block_size: int = BLOCK_SIZE, seed:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["kdtree_model"] = {
         "kind": "dflash-draft",
-        "target": target.get("kdtree_model", {}).get("preset", target_dir.name),
+        "target": made_model_name(target, target_dir.name),
         "target_seed": target.get("kdtree_model", {}).get("seed"),
         "seed": seed,
         "block_size": block_size,

@@ -161,6 +161,21 @@ CHAT_TEMPLATE = (
 )
 
 
+def model_name(preset: str, layers: int | None = None) -> str:
+    """What records call the model: the preset, with its layer count where ``layers`` changed it
+    (``rank-61-layers``), so that runs of different depths never share a row."""
+    if layers is None or layers == model_config(preset)["num_hidden_layers"]:
+        return preset
+    return f"{preset}-{layers}-layers"
+
+
+def made_model_name(config: dict, fallback: str) -> str:
+    """The name (``model_name``) in the config.json of a model this script wrote; ``fallback`` for
+    any other model. Models written before names existed carry only their preset."""
+    made = config.get("kdtree_model", {})
+    return made.get("name", made.get("preset", fallback))
+
+
 def model_config(preset: str, layers: int | None = None) -> dict:
     """config.json of a preset; ``layers`` overrides its number of target layers."""
     if preset not in PRESETS:
@@ -345,6 +360,7 @@ def write_model(
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["kdtree_model"] = {
         "preset": preset,
+        "name": model_name(preset, layers),
         "seed": seed,
         "logit_scale": logit_scale,
         "branch_scale": branch_scale,

@@ -383,3 +383,20 @@ def test_perturb_writes_one_layer_moved_by_the_relative_size(tmp_path, tiny) -> 
     )[1]
     assert small < 0.5e-4
     assert make_model.main([str(tmp_path / "m"), "--perturb", "9:0.1"]) == 2
+
+
+def test_a_model_of_another_depth_is_named_by_it(tmp_path, tiny, tiny_draft) -> None:
+    """Records key rows by model name, so a preset at another layer count gets its own name,
+    which its DFlash draft and sglang_e2e's records carry."""
+    assert json.loads((tiny / "config.json").read_text())["kdtree_model"]["name"] == "tiny"
+    assert json.loads((tiny_draft / "config.json").read_text())["kdtree_model"]["target"] == "tiny"
+    assert make_model.model_name("rank", 4) == "rank"
+    deep = tmp_path / "deep"
+    config = make_model.write_model(deep, "tiny", seed=0, layers=3)
+    assert config["num_hidden_layers"] == 3
+    assert config["kdtree_model"]["name"] == "tiny-3-layers"
+    assert make_model.made_model_name(config, "dir") == "tiny-3-layers"
+    assert make_model.made_model_name({"kdtree_model": {"preset": "rank"}}, "dir") == "rank"
+    assert make_model.made_model_name({}, "dir") == "dir"
+    draft = make_dflash_draft.write_draft(deep, tmp_path / "draft", block_size=16, seed=0)
+    assert draft["kdtree_model"]["target"] == "tiny-3-layers"

@@ -314,3 +314,18 @@ def test_a_shape_keeps_the_configurations_of_one_run(committed, tmp_path, capsys
     assert json.loads(record.read_text()) == before  # nothing written on refusal
     assert merge_e2e.main([str(record), f"run91={tmp_path / 'speed.json'}", "--drop-stale"]) == 0
     assert "dropped stale rows: run90 on rank dflash bfloat16 8x1000" in capsys.readouterr().out
+
+
+def test_a_model_of_another_depth_has_rows_and_a_model_entry_of_its_own(committed) -> None:
+    eagle = ServerSpec("speed_off", "off", Path("/m"))
+    shallow = speed_json([speed_record(eagle, "off", 1, 1000, 500.0)])
+    deep_record = {**speed_record(eagle, "off", 1, 1000, 80.0), "model": "rank-61-layers"}
+    deep = {
+        **speed_json([deep_record]),
+        "model": {"preset": "rank", "name": "rank-61-layers", "seed": 0},
+        "model_config": {"hidden_size": 7168, "num_hidden_layers": 61},
+    }
+    merged = merge_e2e.merge(committed, [("run90", shallow), ("run91", deep)])
+    assert [r["run"] for r in merged["records"][len(committed["records"]) :]] == ["run90", "run91"]
+    assert merged["models"]["rank-61-layers"]["num_hidden_layers"] == 61
+    assert merged["models"]["rank"] == {"preset": "rank", "seed": 0, "hidden_size": 7168}
