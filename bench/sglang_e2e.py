@@ -350,7 +350,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     avoid = draft_mask_token(args.draft)
     draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
     model_name = made_model_name(config, args.model.name)
-    servers, failed = start_all(specs, out, args.start_timeout)
+    servers, failed = start_all(specs, out, args.start_timeout, wave=args.start_wave)
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
 
@@ -601,6 +601,14 @@ def build_parser() -> argparse.ArgumentParser:
         "and a table of where the host time went in OUT/host_samples/ (bench/host_samples.py)",
     )
     parser.add_argument("--start-timeout", type=float, default=420.0)
+    parser.add_argument(
+        "--start-wave",
+        type=int,
+        default=0,
+        help="servers started together (0: all); 1 starts each once the one before is ready, "
+        "which a model whose weights take GBs needs: SGLang sizes its pool from the memory "
+        "free when it starts, and refuses to start when another server took it meanwhile",
+    )
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
         "--server-arg", action="append", default=[], help="one more SGLang argument (repeatable)"
@@ -615,6 +623,8 @@ def refusal(args: argparse.Namespace) -> str | None:
     for name in ("tp", "graph_max_bs", "repeats", "warmup_tokens", "new_tokens", "profile_tokens"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+    if args.start_wave < 0:
+        return f"--start-wave must be 0 (all at once) or more, got {args.start_wave}"
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:
         return f"--modes: unknown {unknown}; choose from {list(MODES)}"
