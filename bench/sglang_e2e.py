@@ -318,12 +318,12 @@ def measured_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
     return args.shapes or [(p, b) for p in args.prompt_lens for b in args.batches]
 
 
-def draft_mask_token(draft: Path | None) -> frozenset[int]:
-    """The DFlash draft's mask token id, which prompts leave out (empty without a draft)."""
-    if draft is None:
+def draft_mask_token(draft_config: dict[str, Any] | None) -> frozenset[int]:
+    """The DFlash draft's mask token id (from its config.json), which prompts leave out (empty
+    without a draft)."""
+    if draft_config is None:
         return frozenset()
-    config = json.loads((draft / "config.json").read_text())
-    token = config.get("dflash_config", {}).get("mask_token_id")
+    token = draft_config.get("dflash_config", {}).get("mask_token_id")
     return frozenset() if token is None else frozenset({int(token)})
 
 
@@ -347,8 +347,8 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         kv_dtype=kv_dtype,
         cuda_graphs=not args.no_cuda_graphs,
     )
-    avoid = draft_mask_token(args.draft)
     draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
+    avoid = draft_mask_token(draft)
     model_name = made_model_name(config, args.model.name)
     servers, failed = start_all(specs, out, args.start_timeout, wave=args.start_wave)
     records: list[dict[str, Any]] = []
