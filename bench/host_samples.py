@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -40,6 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from cli import emit_table, name_and_path
 
 SCHEDULER_TITLE = "sglang::scheduler"
 """The process title SGLang gives its scheduler processes (``setproctitle``)."""
@@ -185,22 +186,21 @@ class HostSampler:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("files", nargs="+", help="NAME=PYSPY_RAW_FILE (py-spy --format raw)")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        type=name_and_path("NAME=PYSPY_RAW_FILE"),
+        help="NAME=PYSPY_RAW_FILE (py-spy --format raw)",
+    )
     parser.add_argument("--out", type=Path, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     summaries = {}
-    for item in args.files:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            parser.error(f"expected NAME=FILE, got {item!r}")
-        if not os.path.isfile(path):
+    for name, path in args.files:
+        if not path.is_file():
             print(f"host_samples: no file {path}", file=sys.stderr)
             return 2
-        summaries[name] = summarize(Path(path))
-    table = summary_markdown(summaries)
-    print(table, end="")
-    if args.out:
-        args.out.write_text(table)
+        summaries[name] = summarize(path)
+    emit_table(summary_markdown(summaries), args.out)
     return 0
 
 

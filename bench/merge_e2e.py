@@ -44,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cli import name_and_path
 from sglang_e2e import records_in_log
 from sglang_servers import READY_LINE
 
@@ -252,18 +253,14 @@ def read_run(path: Path) -> dict[str, Any]:
     return speed_from_log(text) if path.suffix == ".log" else json.loads(text)
 
 
-def parse_run(text: str) -> tuple[str, Path]:
-    run, sep, path = text.partition("=")
-    if not sep or not run or not path:
-        raise argparse.ArgumentTypeError(f"expected RUN=SPEED_JSON or RUN=SPEED_LOG, got {text!r}")
-    return run, Path(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("record", type=Path, help="the committed record, rewritten in place")
     parser.add_argument(
-        "runs", type=parse_run, nargs="*", help="RUN=path/to/speed.json (or a cut run's speed.log)"
+        "runs",
+        type=name_and_path("RUN=SPEED_JSON or RUN=SPEED_LOG"),
+        nargs="*",
+        help="RUN=path/to/speed.json (or a cut run's speed.log)",
     )
     parser.add_argument(
         "--retire", action="append", default=[], metavar="RUN", help="drop RUN's rows (repeatable)"

@@ -28,6 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cli import emit_table
+
 TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 SUMMARY_FIELDS = ("sm_mhz_median", "sm_mhz_min", "power_w_mean", "utilization_pct_mean", "throttle")
 """What ``during`` reports of the clock samples inside a repetition."""
@@ -153,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if not reps:
         print(f"step_clocks: {args.speed_json} has no repetition with started_at", file=sys.stderr)
         return 2
-    table = markdown([during(rep, clocks) for rep in reps])
-    print(table, end="")
-    if args.out:
-        args.out.write_text(table)
+    emit_table(markdown([during(rep, clocks) for rep in reps]), args.out)
     return 0
 
 
