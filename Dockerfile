@@ -190,8 +190,9 @@ ARG KDTREE_CUDA_ARCHS=
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS} \
     VENV=/opt/venv
 # The Makefile and the files its `setup` prerequisite names; this venv stands in for .venv.
+# (Of scripts/, only that prerequisite: another script's change must not rebuild the kernel.)
 COPY Makefile pyproject.toml ./
-COPY scripts/ scripts/
+COPY scripts/setup_venv.sh scripts/
 COPY requirements/ requirements/
 COPY services/inference/pyproject.toml services/inference/pyproject.toml
 COPY services/parity/pyproject.toml services/parity/pyproject.toml
