@@ -350,7 +350,9 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
     avoid = draft_mask_token(draft)
     model_name = made_model_name(config, args.model.name)
-    servers, failed = start_all(specs, out, args.start_timeout, wave=args.start_wave)
+    servers, failed = start_all(
+        specs, out, args.start_timeout, wave=args.start_wave, pools_wait_s=args.pools_wait
+    )
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
 
@@ -605,9 +607,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--start-wave",
         type=int,
         default=0,
-        help="servers started together (0: all); 1 starts each once the one before is ready, "
-        "which a model whose weights take GBs needs: SGLang sizes its pool from the memory "
-        "free when it starts, and refuses to start when another server took it meanwhile",
+        help="servers started together (0: all); 1 starts each once the one before is ready",
+    )
+    parser.add_argument(
+        "--pools-wait",
+        type=float,
+        default=300.0,
+        help="seconds a start waits at most for the server started before it to hold its "
+        "memory pools (SGLang sizes its own from the memory free when it starts, and refuses "
+        "to start when another server took it meanwhile); 0 starts them 3 s apart only",
     )
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
@@ -625,6 +633,8 @@ def refusal(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
     if args.start_wave < 0:
         return f"--start-wave must be 0 (all at once) or more, got {args.start_wave}"
+    if args.pools_wait < 0:
+        return f"--pools-wait must be 0 (off) or more seconds, got {args.pools_wait}"
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:
         return f"--modes: unknown {unknown}; choose from {list(MODES)}"

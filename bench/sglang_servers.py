@@ -35,6 +35,10 @@ from kdtree_inference.engine.launch import LOOPBACK, free_port, health_status
 
 READY_LINE = re.compile(r"^\[e2e\] (\S+) ready after ([0-9.]+) s", re.MULTILINE)
 """The line a server's start prints once it answers (``_ready``): name, seconds."""
+POOLS_ALLOCATED = re.compile(r"Capture .*CUDA graph begin|max_total_num_tokens=")
+"""SGLang 0.5.23's first log line once a server holds its memory pools: its first CUDA graph
+capture, or (eager, or after the captures) the scheduler's summary. From then on it allocates
+little, so another server's start-time memory profile no longer races it."""
 
 SPECULATION = {
     # EAGLE's draft tree: 3 draft steps, top-4 per step, 8 tokens verified per step.
@@ -246,6 +250,18 @@ class SGLangServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_pools(self, timeout_s: float) -> bool:
+        """Until the log shows ``POOLS_ALLOCATED``, the server answers or it exits (True), or
+        ``timeout_s`` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None or POOLS_ALLOCATED.search(self.log_text()):
+                return True
+            if health_status(self.url) == 200:
+                return True
+            time.sleep(0.5)
+        return False
+
     def wait_ready(self, timeout_s: float) -> float:
         """Until /health answers 200; returns the seconds it took. Raises ServerFailed."""
         deadline = self.started + timeout_s
@@ -302,6 +318,7 @@ def start_all(
     retries: int = 1,
     stagger_s: float = 3.0,
     wave: int = 0,
+    pools_wait_s: float = 0.0,
 ) -> tuple[dict[str, SGLangServer], dict[str, str]]:
     """Start the servers (they share the GPU) and wait for each.
 
@@ -309,7 +326,10 @@ def start_all(
     process allocated in the meantime, so starts are ``stagger_s`` apart, at most ``wave``
     servers start together (0: all; the next wave starts once the previous one is ready), and a
     server that fails is started again (``retries`` times) once its wave has settled, one
-    retried server at a time. Returns the healthy servers and, by name, why each other one
+    retried server at a time. With ``pools_wait_s`` each start in a wave also waits, up to that
+    long, for the server before it to hold its memory pools (``SGLangServer.wait_pools``): the
+    starts still overlap their imports, weight loads and graph captures, but no memory profile
+    races another server's pool. Returns the healthy servers and, by name, why each other one
     failed (that one is stopped).
     """
     servers: dict[str, SGLangServer] = {}
@@ -318,7 +338,15 @@ def start_all(
     try:
         for first in range(0, len(specs), size):
             group = specs[first : first + size]
-            for spec in group:
+            for index, spec in enumerate(group):
+                if index and pools_wait_s > 0:
+                    before = servers[group[index - 1].name]
+                    if not before.wait_pools(pools_wait_s):
+                        print(
+                            f"[e2e] {before.spec.name}: no sign of its memory pools after "
+                            f"{pools_wait_s:.0f} s; starting {spec.name} anyway",
+                            flush=True,
+                        )
                 servers[spec.name] = SGLangServer(spec, log_dir)
                 time.sleep(stagger_s)
             _wait_group(servers, [s.name for s in group], log_dir, timeout_s, retries, failed)

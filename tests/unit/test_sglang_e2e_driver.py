@@ -364,6 +364,80 @@ def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkey
         stop_all(servers)
 
 
+POOLS_LAUNCHER = """
+import functools, http.server, os, pathlib, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+name = pathlib.Path(args[args.index("--model-path") + 1]).name
+root = pathlib.Path(os.environ["POOLS_TEST_DIR"])
+def note(event):
+    with (root / "timeline").open("a") as timeline:
+        timeline.write(f"{event} {name}\\n")
+note("start")
+time.sleep(1.0)
+if os.environ.get("POOLS_LINE"):  # as SGLang 0.5.23 logs it, then its graphs take a while
+    note("pools")
+    print("[2026-12-04 15:45:33] Memory pool end. avail mem=117.65 GB", flush=True)
+    print(os.environ["POOLS_LINE"], flush=True)
+time.sleep(5.0)  # graph captures, or a start that takes long
+note("serve")
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "www"))
+http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+"""
+
+
+@pytest.mark.parametrize(
+    "pools_line",
+    [
+        "[2026-12-04 15:45:34] Capture target verify CUDA graph begin. backend=full, avail mem=1 GB",
+        "[2026-12-02 04:41:11] max_total_num_tokens=3529292, chunked_prefill_size=8192",
+        "",
+    ],
+)
+def test_each_start_waits_for_the_memory_pools_of_the_one_before(
+    tmp_path, monkeypatch, capsys, pools_line
+) -> None:
+    """Real kdtree-serve processes whose launcher logs SGLang's line after its pools (a graph
+    capture, or eager's scheduler summary) and answers 5 s later: the next start waits for the
+    line, not for the server to answer. A log that never shows it holds the next start only
+    ``pools_wait_s``."""
+    from sglang_servers import start_all, stop_all
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(POOLS_LAUNCHER)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = {
+        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
+        "POOLS_TEST_DIR": str(tmp_path),
+        "POOLS_LINE": pools_line,
+    }
+    specs = [ServerSpec(name, "off", tmp_path / name, env=env) for name in ("a", "b")]
+    servers, failed = start_all(
+        specs,
+        tmp_path / "logs",
+        timeout_s=60,
+        stagger_s=0.0,
+        pools_wait_s=1.0 if not pools_line else 30,
+    )
+    try:
+        assert failed == {} and sorted(servers) == ["a", "b"]
+        timeline = (tmp_path / "timeline").read_text().split("\n")[:-1]
+        if pools_line:
+            # b starts after a's pools, and is launched before a answers (its graphs would
+            # still be capturing).
+            assert timeline[:2] == ["start a", "pools a"]
+            assert timeline.index("start b") > timeline.index("pools a")
+        else:
+            assert "a: no sign of its memory pools after 1 s; starting b anyway" in (
+                capsys.readouterr().out
+            )
+        assert timeline.index("start b") < timeline.index("serve a")
+    finally:
+        stop_all(servers)
+
+
 def test_speed_json_says_whether_every_shape_was_measured(tmp_path) -> None:
     """Written after every shape: a cut run's speed.json holds its records, marked incomplete."""
     args = sglang_e2e.build_parser().parse_args(
