@@ -201,7 +201,7 @@ def merge(
         )
     if mixed:
         rows = [
-            r for r in rows if not (row_key(r, SHAPE_KEY) in mixed and r["run"] not in new_runs)
+            r for r in rows if not (row_key(r, SHAPE_KEY) in mixed and r.get("run") not in new_runs)
         ]
         mixed = mixed_shapes(rows, new_runs)
         if mixed:
