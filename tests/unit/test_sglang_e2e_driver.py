@@ -74,10 +74,15 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
         sglang_e2e.main(["--model", str(tmp_path), "--out", str(tmp_path), "--start-wave", "-1"])
         == 2
     )
+    assert (
+        sglang_e2e.main(["--model", str(tmp_path), "--out", str(tmp_path), "--pools-wait", "-5"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert (
         "no config.json" in err and "--tp must be at least 1" in err and "unknown ['fast']" in err
     )
+    assert "--pools-wait must be 0 (off) or more seconds, got -5.0" in err
     assert "--graph-max-bs must be at least 1, got 0" in err
     assert "--start-wave must be 0 (all at once) or more, got -1" in err
 
