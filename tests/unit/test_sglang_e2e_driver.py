@@ -319,47 +319,71 @@ def test_malformed_shapes_are_refused(bad: str) -> None:
         sglang_e2e.parse_shapes(bad)
 
 
-RETRY_LAUNCHER = """
+STAND_IN_HEAD = """
 import functools, http.server, os, pathlib, sys, time
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
 name = pathlib.Path(args[args.index("--model-path") + 1]).name
-root = pathlib.Path(os.environ["RETRY_TEST_DIR"])
+root = pathlib.Path(os.environ["STAND_IN_DIR"])
 def note(event):
     with (root / "timeline").open("a") as timeline:
         timeline.write(f"{event} {name}\\n")
 note("start")
+"""
+STAND_IN_SERVE = """
+note("serve")
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "www"))
+http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+"""
+RETRY_START = """
 marker = root / f"failed_{name}"
 if not marker.exists():  # the first start of each server fails, as a memory profile would
     marker.touch()
     time.sleep(0.3)
     sys.exit(1)
 time.sleep(1.0)
-note("serve")
-handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "www"))
-http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+"""
+POOLS_START = """
+time.sleep(1.0)
+if os.environ.get("POOLS_LINE"):  # as SGLang 0.5.23 logs it, then its graphs take a while
+    note("pools")
+    print("[2026-12-04 15:45:33] Memory pool end. avail mem=117.65 GB", flush=True)
+    print(os.environ["POOLS_LINE"], flush=True)
+time.sleep(5.0)  # graph captures, or a start that takes long
 """
 
 
-def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkeypatch) -> None:
-    """Real kdtree-serve processes whose launcher (KDTREE_SGLANG_LAUNCHER) fails each server's
-    first start: both retries wait for the wave, and the second starts once the first is ready."""
-    from sglang_servers import start_all, stop_all
-
+def stand_in_specs(tmp_path: Path, monkeypatch, start: str, **env: str) -> list[ServerSpec]:
+    """Servers a and b as real kdtree-serve processes whose launcher (KDTREE_SGLANG_LAUNCHER) is a
+    stand-in: it notes "start NAME" in tmp_path/timeline, runs ``start``, notes "serve NAME" and
+    answers /health."""
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "health").write_text("ok")
     launcher = tmp_path / "launcher.py"
-    launcher.write_text(RETRY_LAUNCHER)
+    launcher.write_text(STAND_IN_HEAD + start + STAND_IN_SERVE)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     env = {
         "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
-        "RETRY_TEST_DIR": str(tmp_path),
+        "STAND_IN_DIR": str(tmp_path),
+        **env,
     }
-    specs = [ServerSpec(name, "off", tmp_path / name, env=env) for name in ("a", "b")]
+    return [ServerSpec(name, "off", tmp_path / name, env=env) for name in ("a", "b")]
+
+
+def timeline_of(tmp_path: Path) -> list[str]:
+    return (tmp_path / "timeline").read_text().split("\n")[:-1]
+
+
+def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkeypatch) -> None:
+    """Stand-in servers whose first start fails: both retries wait for the wave, and the second
+    starts once the first is ready."""
+    from sglang_servers import start_all, stop_all
+
+    specs = stand_in_specs(tmp_path, monkeypatch, RETRY_START)
     servers, failed = start_all(specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0)
     try:
         assert failed == {} and sorted(servers) == ["a", "b"]
-        timeline = (tmp_path / "timeline").read_text().split("\n")[:-1]
+        timeline = timeline_of(tmp_path)
         # The wave's two first starts in either order; then the retries, one after the other.
         assert sorted(timeline[:2]) == ["start a", "start b"]
         assert timeline[2:] == ["start a", "serve a", "start b", "serve b"]
@@ -367,28 +391,6 @@ def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkey
         assert (tmp_path / "logs" / "server_b.try1.log").is_file()
     finally:
         stop_all(servers)
-
-
-POOLS_LAUNCHER = """
-import functools, http.server, os, pathlib, sys, time
-args = sys.argv[1:]
-port = int(args[args.index("--port") + 1])
-name = pathlib.Path(args[args.index("--model-path") + 1]).name
-root = pathlib.Path(os.environ["POOLS_TEST_DIR"])
-def note(event):
-    with (root / "timeline").open("a") as timeline:
-        timeline.write(f"{event} {name}\\n")
-note("start")
-time.sleep(1.0)
-if os.environ.get("POOLS_LINE"):  # as SGLang 0.5.23 logs it, then its graphs take a while
-    note("pools")
-    print("[2026-12-04 15:45:33] Memory pool end. avail mem=117.65 GB", flush=True)
-    print(os.environ["POOLS_LINE"], flush=True)
-time.sleep(5.0)  # graph captures, or a start that takes long
-note("serve")
-handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "www"))
-http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
-"""
 
 
 @pytest.mark.parametrize(
@@ -402,36 +404,21 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 def test_each_start_waits_for_the_memory_pools_of_the_one_before(
     tmp_path, monkeypatch, capsys, pools_line
 ) -> None:
-    """Real kdtree-serve processes whose launcher logs SGLang's line after its pools (a graph
-    capture, or eager's scheduler summary) and answers 5 s later: the next start waits for the
-    line, not for the server to answer. A log that never shows it holds the next start only
-    ``pools_wait_s``."""
+    """Stand-in servers that log SGLang's line after their pools (a graph capture, or eager's
+    scheduler summary) and answer 5 s later: the next start waits for the line, not for the
+    server to answer. A log that never shows it holds the next start only ``pools_wait_s``."""
     from sglang_servers import start_all, stop_all
 
-    (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "health").write_text("ok")
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(POOLS_LAUNCHER)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    env = {
-        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
-        "POOLS_TEST_DIR": str(tmp_path),
-        "POOLS_LINE": pools_line,
-    }
-    specs = [ServerSpec(name, "off", tmp_path / name, env=env) for name in ("a", "b")]
+    specs = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools_line)
+    wait_s = 30.0 if pools_line else 1.0
     servers, failed = start_all(
-        specs,
-        tmp_path / "logs",
-        timeout_s=60,
-        stagger_s=0.0,
-        pools_wait_s=1.0 if not pools_line else 30,
+        specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0, pools_wait_s=wait_s
     )
     try:
         assert failed == {} and sorted(servers) == ["a", "b"]
-        timeline = (tmp_path / "timeline").read_text().split("\n")[:-1]
+        timeline = timeline_of(tmp_path)
         if pools_line:
-            # b starts after a's pools, and is launched before a answers (its graphs would
-            # still be capturing).
+            # b starts after a's pools, and before a answers (its graphs would still capture).
             assert timeline[:2] == ["start a", "pools a"]
             assert timeline.index("start b") > timeline.index("pools a")
         else:
