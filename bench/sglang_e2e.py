@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 
 from host_samples import HostSampler
-from make_model import made_model_name
+from model_names import made_model_name
 from sglang_profile import comparison, comparison_markdown, merged_times, profile_decode
 from sglang_servers import (
     DFLASH,

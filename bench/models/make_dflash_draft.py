@@ -57,7 +57,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_model import _Weights, made_model_name
+from make_model import _Weights
+from model_names import made_model_name
 
 DRAFT_HEAD_DIM = 128
 ATTENTION_GAIN = 2.0**24

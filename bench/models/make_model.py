@@ -169,13 +169,6 @@ def model_name(preset: str, layers: int | None = None) -> str:
     return f"{preset}-{layers}-layers"
 
 
-def made_model_name(config: dict, fallback: str) -> str:
-    """The name (``model_name``) in the config.json of a model this script wrote; ``fallback`` for
-    any other model. Models written before names existed carry only their preset."""
-    made = config.get("kdtree_model", {})
-    return made.get("name", made.get("preset", fallback))
-
-
 def model_config(preset: str, layers: int | None = None) -> dict:
     """config.json of a preset; ``layers`` overrides its number of target layers."""
     if preset not in PRESETS:

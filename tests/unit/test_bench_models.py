@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "models")
 
 import make_dflash_draft
 import make_model
+import model_names
 
 
 @pytest.fixture(scope="module")
@@ -395,8 +396,8 @@ def test_a_model_of_another_depth_is_named_by_it(tmp_path, tiny, tiny_draft) -> 
     config = make_model.write_model(deep, "tiny", seed=0, layers=3)
     assert config["num_hidden_layers"] == 3
     assert config["kdtree_model"]["name"] == "tiny-3-layers"
-    assert make_model.made_model_name(config, "dir") == "tiny-3-layers"
-    assert make_model.made_model_name({"kdtree_model": {"preset": "rank"}}, "dir") == "rank"
-    assert make_model.made_model_name({}, "dir") == "dir"
+    assert model_names.made_model_name(config, "dir") == "tiny-3-layers"
+    assert model_names.made_model_name({"kdtree_model": {"preset": "rank"}}, "dir") == "rank"
+    assert model_names.made_model_name({}, "dir") == "dir"
     draft = make_dflash_draft.write_draft(deep, tmp_path / "draft", block_size=16, seed=0)
     assert draft["kdtree_model"]["target"] == "tiny-3-layers"
