@@ -287,9 +287,8 @@ check_build_space() {
     need=$((need + ${BUILD_GB[$target]} * 1000 ** 3))
   done
   free=$(df --output=avail -B1 "$root" | tail -n 1)
-  [ "$free" -ge "$need" ] || disk_users "$root"
   [ "$free" -ge "$need" ] ||
-    die "$root (podman's storage) has $(gigabytes "$free") GB free and building" \
+    refuse_space "$root" "$root (podman's storage) has $(gigabytes "$free") GB free and building" \
       "${missing[*]} needs about $(gigabytes "$need") GB (twice each image's size, and 2 GB):" \
       "free some space"
 }
@@ -333,9 +332,8 @@ check_disk_space() {
   need=$((images + (largest > pushed + staged ? largest : pushed + staged) + 2 * 1024 ** 3))
   mkdir -p "$dir"
   free=$(df --output=avail -B1 "$dir" | tail -n 1)
-  [ "$free" -ge "$need" ] || disk_users "$dir"
   [ "$free" -ge "$need" ] ||
-    die "$dir has $(gigabytes "$free") GB free and the run needs about $(gigabytes "$need") GB" \
+    refuse_space "$dir" "$dir has $(gigabytes "$free") GB free and the run needs about $(gigabytes "$need") GB" \
       "(the loaded images' $(gigabytes "$images") GB, then the largest one's $(gigabytes "$largest") GB" \
       "again while dockerd loads it, or the inference image's $(gigabytes "$pushed") GB in the" \
       "registry and $(gigabytes "$staged") GB staged while it is pushed, and 2 GiB for the tests'" \
@@ -345,15 +343,17 @@ check_disk_space() {
 
 gigabytes() { awk -v bytes="$1" 'BEGIN { printf "%.1f", bytes / 1e9 }'; }
 
-# What holds the space of DIR's disk, for the message of a refused run: this script's own folders
-# and the biggest ones where leftovers gather (an earlier clone and its venv in /tmp, say).
-disk_users() {
+# Too little room on DIR's disk: what holds it (this script's own folders and the biggest ones
+# where leftovers gather, an earlier clone and its venv in /tmp, say), then MESSAGE, and exit.
+refuse_space() {
   local dir=$1 root
+  shift
   root=$(podman info --format '{{.Store.GraphRoot}}' 2>/dev/null || true)
   echo "--- on $(df --output=target "$dir" | tail -n 1): the folders of 1 GB or more among" \
     "podman's storage, this script's cache and state, /tmp/*, /var/tmp/* and /root/.cache/*" >&2
   du -xsh --threshold=1G ${root:+"$root"} "$CACHE" "$STATE_ROOT" /tmp/* /var/tmp/* /root/.cache/* \
     2>/dev/null | sort -rh | head -n 12 >&2 || true
+  die "$@"
 }
 
 # ---------------------------------------------------------------------------- the daemon
