@@ -255,9 +255,11 @@ class SGLangServer:
         ``timeout_s`` passes (False)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None or POOLS_ALLOCATED.search(self.log_text()):
-                return True
-            if health_status(self.url) == 200:
+            if (
+                self.proc.poll() is not None
+                or POOLS_ALLOCATED.search(self.log_text())
+                or health_status(self.url) == 200
+            ):
                 return True
             time.sleep(0.5)
         return False
