@@ -94,9 +94,13 @@ def _register_dflash_causal_verify() -> None:
 
 
 def register() -> None:
-    """Replace the "triton" attention backend factories with ours (idempotent)."""
+    """Replace the "triton" attention backend factories with ours (idempotent), and register
+    ``--speculative-algorithm DDTREE``."""
     _register_draft_extend()
     _register_dflash_causal_verify()
+    from ..ddtree import algorithm as ddtree
+
+    ddtree.register()
     from sglang.srt.layers.attention import attention_registry
 
     current = attention_registry.ATTENTION_BACKENDS.get(BACKEND_NAME)

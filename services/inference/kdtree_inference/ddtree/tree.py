@@ -1,0 +1,205 @@
+"""DDTree's draft tree: best-first construction, the verify layout, the greedy acceptance walk.
+
+A DFlash draft predicts every position of its block in one pass, so position ``d`` has its own
+distribution over the vocabulary, independent of which tokens were drafted before it. DDTree
+(Ringel & Romano, "Accelerating Speculative Decoding with Block Diffusion Draft Trees") scores a
+path ``(r_1, ..., r_d)`` -- the ``r_i``-th most likely token at depth ``i`` -- by the sum of its
+log-probabilities and verifies the ``budget`` best paths as one tree. Since every log-probability
+is at most 0 and each depth's candidates are sorted, a path never scores above its parent
+(one token shorter) or its previous sibling (same parent, one rank better). So the ``budget``
+best paths are prefix-closed, and a best-first search that expands a popped node into its first
+child and its next sibling pops them in score order.
+
+Node 0 is the root: the bonus token the last verify committed, at depth 0. Nodes are numbered
+in the order they were chosen, so every parent precedes its children (the verify layout and the
+acceptance walk rely on it).
+
+The layout is what SGLang's tree verify takes (the EAGLE custom-mask format): per request
+``W = budget + 1`` query rows, row-major ``W x (prefix_len + W)`` mask cells, prefix columns all
+visible, draft columns holding the node itself and its ancestors.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """One request's tree: ``tokens[i]``, ``parents[i]`` (-1 for the root) and ``depths[i]``."""
+
+    tokens: np.ndarray  # int64 [n]
+    parents: np.ndarray  # int64 [n]
+    depths: np.ndarray  # int64 [n]
+    scores: np.ndarray  # float64 [n]: the path's summed draft log-probability (root: 0)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def ancestors(self) -> np.ndarray:
+        """``[n, n]`` bool: row i marks node i and every ancestor of it."""
+        n = self.size
+        visible = np.zeros((n, n), dtype=bool)
+        for node in range(n):
+            parent = int(self.parents[node])
+            if parent >= 0:
+                visible[node] = visible[parent]
+            visible[node, node] = True
+        return visible
+
+
+def max_tree_nodes(depth: int, top_k: int) -> int:
+    """How many non-root nodes a tree of ``depth`` levels with ``top_k`` children per node holds."""
+    return sum(top_k**level for level in range(1, depth + 1))
+
+
+def build_tree(
+    root_token: int,
+    top_tokens: np.ndarray,
+    top_logprobs: np.ndarray,
+    budget: int,
+) -> DraftTree:
+    """The best-first tree of ``budget`` nodes below ``root_token``.
+
+    ``top_tokens``/``top_logprobs`` are ``[depth, k]``: each depth's candidates, most likely
+    first. Equal scores go to the path found first (the shallower one, then the better rank), so
+    the tree is a deterministic function of its inputs.
+    """
+    top_tokens = np.asarray(top_tokens)
+    top_logprobs = np.asarray(top_logprobs, dtype=np.float64)
+    if top_tokens.ndim != 2 or top_tokens.shape != top_logprobs.shape:
+        raise ValueError(
+            f"top_tokens {top_tokens.shape} and top_logprobs {top_logprobs.shape} must both be "
+            "[depth, k]"
+        )
+    if budget < 0:
+        raise ValueError(f"budget must be non-negative, got {budget}")
+    depth, top_k = top_tokens.shape
+    tokens, parents, depths, scores = [int(root_token)], [-1], [0], [0.0]
+    # (-score, order, parent node, depth of the candidate, rank of the candidate)
+    heap: list[tuple[float, int, int, int, int]] = []
+    order = 0
+    if depth > 0 and top_k > 0 and budget > 0:
+        heap.append((-float(top_logprobs[0, 0]), order, 0, 1, 0))
+    while heap and len(tokens) <= budget:
+        neg_score, _, parent, level, rank = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(int(top_tokens[level - 1, rank]))
+        parents.append(parent)
+        depths.append(level)
+        scores.append(-neg_score)
+        if level < depth:  # first child
+            order += 1
+            heapq.heappush(
+                heap, (neg_score - float(top_logprobs[level, 0]), order, node, level + 1, 0)
+            )
+        if rank + 1 < top_k:  # next sibling
+            order += 1
+            sibling = neg_score + float(top_logprobs[level - 1, rank])
+            sibling -= float(top_logprobs[level - 1, rank + 1])
+            heapq.heappush(heap, (sibling, order, parent, level, rank + 1))
+    return DraftTree(
+        tokens=np.asarray(tokens, dtype=np.int64),
+        parents=np.asarray(parents, dtype=np.int64),
+        depths=np.asarray(depths, dtype=np.int64),
+        scores=np.asarray(scores, dtype=np.float64),
+    )
+
+
+@dataclass(frozen=True)
+class VerifyLayout:
+    """A batch of trees of one width ``W`` as SGLang's tree verify takes them."""
+
+    tokens: torch.Tensor  # int64 [bs, W]
+    depths: torch.Tensor  # int64 [bs, W]
+    parents: torch.Tensor  # int64 [bs, W] (root: 0, its own parent for gathers)
+    ancestors: torch.Tensor  # bool [bs, W, W]
+    positions: torch.Tensor  # int64 [bs * W]: prefix_len + depth
+    custom_mask: torch.Tensor  # uint8, sum over requests of W * (prefix_len + W)
+
+
+def verify_layout(
+    trees: Sequence[DraftTree], prefix_lens: Sequence[int], device: torch.device | str = "cpu"
+) -> VerifyLayout:
+    """Stack ``trees`` (all of one size) into the verify inputs for prefixes ``prefix_lens``."""
+    if len(trees) != len(prefix_lens):
+        raise ValueError(f"{len(trees)} trees for {len(prefix_lens)} prefixes")
+    widths = {tree.size for tree in trees}
+    if len(widths) != 1:
+        raise ValueError(f"trees of one verify must have one size, got {sorted(widths)}")
+    (width,) = widths
+    ancestors = np.stack([tree.ancestors() for tree in trees])
+    depths = np.stack([tree.depths for tree in trees])
+    prefix = np.asarray(prefix_lens, dtype=np.int64)
+    rows = [
+        np.concatenate([np.ones((width, int(p)), dtype=np.uint8), anc.astype(np.uint8)], axis=1)
+        for p, anc in zip(prefix, ancestors, strict=True)
+    ]
+
+    def to(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+    return VerifyLayout(
+        tokens=to(np.stack([tree.tokens for tree in trees])),
+        depths=to(depths),
+        parents=to(np.stack([np.maximum(tree.parents, 0) for tree in trees])),
+        ancestors=to(ancestors),
+        positions=to((prefix[:, None] + depths).reshape(-1)),
+        custom_mask=to(np.concatenate([row.reshape(-1) for row in rows])),
+    )
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The greedy walk's result, per request of a batch of width ``W``."""
+
+    accept_lens: torch.Tensor  # int64 [bs]: draft nodes accepted (the deepest accepted depth)
+    chain_index: torch.Tensor  # int64 [bs, W]: tree index of the path node at depth j (0 past it)
+    bonus: torch.Tensor  # int64 [bs]: the target's token after the accepted path
+    out_tokens: torch.Tensor  # int64 [bs, W]: accepted draft tokens, then the bonus, then 0
+    commit_lens: torch.Tensor  # int32 [bs]: accept_lens + 1
+
+
+def accept_greedy(layout: VerifyLayout, target_predict: torch.Tensor) -> Acceptance:
+    """Walk each tree along the target's own greedy tokens (``target_predict`` is ``[bs, W]``).
+
+    A node is accepted when its token is what the target predicts after its parent and its
+    parent is accepted. Siblings hold distinct tokens (ranks of one distribution), so the
+    accepted nodes form one path from the root. Device-side and sync-free: no ``.item()``.
+    """
+    tokens, parents, depths, ancestors = (
+        layout.tokens,
+        layout.parents,
+        layout.depths,
+        layout.ancestors,
+    )
+    bs, width = tokens.shape
+    predict = target_predict.view(bs, width).to(torch.int64)
+    matches = tokens == torch.gather(predict, 1, parents)
+    matches[:, 0] = True
+    accepted = ~(ancestors & ~matches[:, None, :]).any(dim=-1)
+    # The deepest accepted node; depths are unique along the accepted path.
+    best = torch.argmax(torch.where(accepted, depths, -1), dim=1)
+    accept_lens = torch.gather(depths, 1, best[:, None]).squeeze(1)
+    on_path = torch.gather(ancestors, 1, best[:, None, None].expand(bs, 1, width)).squeeze(1)
+    chain_index = torch.zeros((bs, width), dtype=torch.int64, device=tokens.device)
+    node_ids = torch.arange(width, device=tokens.device).expand(bs, width)
+    chain_index.scatter_(1, torch.where(on_path, depths, 0), torch.where(on_path, node_ids, 0))
+    bonus = torch.gather(predict, 1, best[:, None]).squeeze(1)
+    chain_tokens = torch.gather(tokens, 1, chain_index)
+    column = torch.arange(width, device=tokens.device)[None, :]
+    out_tokens = torch.where(column < accept_lens[:, None], chain_tokens.roll(-1, dims=1), 0)
+    out_tokens.scatter_(1, accept_lens[:, None], bonus[:, None])
+    return Acceptance(
+        accept_lens=accept_lens,
+        chain_index=chain_index,
+        bonus=bonus,
+        out_tokens=out_tokens,
+        commit_lens=(accept_lens + 1).to(torch.int32),
+    )

@@ -1,0 +1,193 @@
+"""DDTree's tree: the best-first builder against brute force, the verify layout against SGLang's
+tree-verify format (and SGLang's own Triton tree verify reading it), the acceptance walk against a
+plain walk."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from kdtree_verify.testing import flat_custom_mask, tree_visibility
+
+from kdtree_inference.ddtree.tree import (
+    DraftTree,
+    accept_greedy,
+    build_tree,
+    max_tree_nodes,
+    verify_layout,
+)
+
+
+def draft_distributions(rng, depth, top_k, vocab=50, ties=False):
+    """Each depth's top-k candidates, most likely first: distinct tokens, log-probs <= 0."""
+    tokens = np.stack([rng.choice(vocab, size=top_k, replace=False) for _ in range(depth)])
+    if ties:  # few distinct values, so equal path scores are common
+        logprobs = -rng.integers(0, 3, size=(depth, top_k)).astype(np.float64)
+    else:
+        logprobs = np.log(rng.dirichlet(np.ones(vocab), size=depth))[:, :top_k]
+    return tokens, -np.sort(-logprobs, axis=1)
+
+
+def brute_force_scores(logprobs):
+    """Every path's score (rank tuples of length 1..depth), the best first."""
+    depth, top_k = logprobs.shape
+    scores = [
+        sum(logprobs[level, rank] for level, rank in enumerate(ranks))
+        for length in range(1, depth + 1)
+        for ranks in itertools.product(range(top_k), repeat=length)
+    ]
+    return sorted(scores, reverse=True)
+
+
+CASES = [(depth, top_k) for depth in (1, 2, 3, 4) for top_k in (1, 2, 3, 4)] + [(6, 2), (5, 3)]
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize(("depth", "top_k"), CASES)
+def test_best_first_tree_holds_the_best_paths(depth, top_k, ties):
+    rng = np.random.default_rng(depth * 100 + top_k * 10 + ties)
+    tokens, logprobs = draft_distributions(rng, depth, top_k, ties=ties)
+    every_path = brute_force_scores(logprobs)
+    assert len(every_path) == max_tree_nodes(depth, top_k)
+    for budget in sorted({1, 2, 3, 5, 8, 16, 31, 64, len(every_path)}):
+        tree = build_tree(7, tokens, logprobs, budget)
+        n = min(budget, len(every_path))
+        assert tree.size == n + 1
+        assert (tree.tokens[0], tree.parents[0], tree.depths[0]) == (7, -1, 0)
+        # Best-first: the chosen paths' scores are the n best of all paths (ties change which
+        # path, never the scores), in the order they were chosen.
+        np.testing.assert_allclose(tree.scores[1:], every_path[:n])
+        assert np.all(np.diff(tree.scores[1:]) <= 1e-12)
+        for node in range(1, tree.size):
+            parent = tree.parents[node]
+            assert 0 <= parent < node  # prefix-closed, parents first
+            assert tree.depths[node] == tree.depths[parent] + 1
+            level = tree.depths[node] - 1
+            (rank,) = np.flatnonzero(tokens[level] == tree.tokens[node])
+            assert tree.scores[node] == pytest.approx(tree.scores[parent] + logprobs[level, rank])
+        # Siblings hold distinct tokens, so the target's token picks at most one child.
+        for parent in range(tree.size):
+            children = tree.tokens[tree.parents == parent]
+            assert len(set(children.tolist())) == len(children)
+
+
+def test_tree_is_deterministic_and_checks_its_inputs():
+    rng = np.random.default_rng(3)
+    tokens, logprobs = draft_distributions(rng, 4, 3, ties=True)
+    a, b = build_tree(1, tokens, logprobs, 20), build_tree(1, tokens, logprobs, 20)
+    for field in ("tokens", "parents", "depths", "scores"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    assert build_tree(1, tokens, logprobs, 0).size == 1
+    with pytest.raises(ValueError, match=r"\[depth, k\]"):
+        build_tree(1, tokens, logprobs[:, :2], 4)
+    with pytest.raises(ValueError, match="non-negative"):
+        build_tree(1, tokens, logprobs, -1)
+
+
+def random_trees(rng, batch, budget, depth=5, top_k=3):
+    trees = []
+    for _ in range(batch):
+        tokens, logprobs = draft_distributions(rng, depth, top_k)
+        trees.append(build_tree(int(rng.integers(0, 50)), tokens, logprobs, budget))
+    return trees
+
+
+def test_layout_is_sglangs_tree_verify_format():
+    rng = np.random.default_rng(5)
+    trees = random_trees(rng, 3, budget=9)
+    prefix_lens = [0, 5, 17]
+    layout = verify_layout(trees, prefix_lens)
+    visibilities = [tree_visibility(tree.parents.tolist()) for tree in trees]
+    expected_mask, _ = flat_custom_mask(prefix_lens, visibilities, torch.uint8)
+    assert layout.custom_mask.dtype == torch.uint8
+    assert torch.equal(layout.custom_mask, expected_mask)
+    expected_positions = np.concatenate(
+        [p + tree.depths for p, tree in zip(prefix_lens, trees, strict=True)]
+    )
+    assert layout.positions.tolist() == expected_positions.tolist()
+    assert layout.tokens.shape == (3, 10)
+    with pytest.raises(ValueError, match="one size"):
+        verify_layout([trees[0], build_tree(1, np.zeros((1, 1)), np.zeros((1, 1)), 1)], [0, 0])
+
+
+def test_sglangs_triton_tree_verify_reads_the_layout():
+    """SGLang's own ``extend_attention_fwd`` (its tree verify, CPU interpreter) over the layout
+    equals attention where each node sees the prefix and its ancestors."""
+    from kdtree_verify.metadata import VerifyMetadata
+    from kdtree_verify.testing import QK_DIM, V_DIM, sglang_extend_attention
+
+    rng = np.random.default_rng(11)
+    gen = torch.Generator().manual_seed(11)
+    trees = random_trees(rng, 2, budget=6)
+    prefix_lens, width, heads = [4, 9], 7, 2
+    layout = verify_layout(trees, prefix_lens)
+    pool = sum(prefix_lens) + 2 * width
+    k_buffer = torch.randn(pool, 1, QK_DIM, generator=gen)
+    slots = torch.randperm(pool, generator=gen)
+    kv_indices, out_cache_loc = slots[: sum(prefix_lens)], slots[sum(prefix_lens) :]
+    q = torch.randn(2 * width, heads, QK_DIM, generator=gen)
+    k_extend = k_buffer[out_cache_loc].clone()
+    mask_indptr = torch.tensor(
+        [0, *np.cumsum([width * (p + width) for p in prefix_lens]).tolist()], dtype=torch.int64
+    )
+    metadata = VerifyMetadata.build(
+        torch.arange(3, dtype=torch.int64) * width,
+        torch.tensor([0, prefix_lens[0], sum(prefix_lens)], dtype=torch.int64),
+        kv_indices,
+        layout.custom_mask,
+        mask_indptr,
+        0.1,
+    )
+    out = sglang_extend_attention(
+        metadata, q, k_extend, k_extend[..., :V_DIM], k_buffer, k_buffer[..., :V_DIM]
+    )
+    start = 0
+    for b, (tree, prefix) in enumerate(zip(trees, prefix_lens, strict=True)):
+        keys = torch.cat([k_buffer[kv_indices[start : start + prefix], 0], k_extend[b * width :][:width, 0]])
+        start += prefix
+        visible = torch.cat(
+            [torch.ones(width, prefix, dtype=torch.bool), torch.from_numpy(tree.ancestors())], dim=1
+        )
+        for row in range(width):
+            scores = 0.1 * q[b * width + row] @ keys.T  # [heads, keys]
+            scores[:, ~visible[row]] = float("-inf")
+            expected = torch.softmax(scores, dim=-1) @ keys[:, :V_DIM]
+            torch.testing.assert_close(out[b * width + row], expected, rtol=2e-5, atol=2e-5)
+
+
+def walk(tree: DraftTree, predict: list[int]) -> tuple[list[int], int]:
+    """The plain greedy walk: follow the child whose token the target predicts."""
+    node, path = 0, [0]
+    while True:
+        children = [c for c in range(tree.size) if tree.parents[c] == node]
+        nxt = [c for c in children if tree.tokens[c] == predict[node]]
+        if not nxt:
+            return path, predict[node]
+        node = nxt[0]
+        path.append(node)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_acceptance_walk_matches_the_plain_walk(seed):
+    rng = np.random.default_rng(seed)
+    trees = random_trees(rng, 4, budget=12, depth=5, top_k=2)
+    layout = verify_layout(trees, [3, 0, 8, 1])
+    width = trees[0].size
+    predict = rng.integers(0, 50, size=(4, width))
+    for b, tree in enumerate(trees):  # follow a random root-to-node path for a while
+        target = int(rng.integers(0, width))
+        node = target
+        while node > 0:
+            predict[b, tree.parents[node]] = tree.tokens[node]
+            node = tree.parents[node]
+    result = accept_greedy(layout, torch.from_numpy(predict))
+    for b, tree in enumerate(trees):
+        path, bonus = walk(tree, predict[b].tolist())
+        accepted = len(path) - 1
+        assert result.accept_lens[b] == accepted
+        assert result.commit_lens[b] == accepted + 1
+        assert result.bonus[b] == bonus
+        assert result.chain_index[b, : accepted + 1].tolist() == path
+        assert result.out_tokens[b, :accepted].tolist() == tree.tokens[path[1:]].tolist()
+        assert result.out_tokens[b, accepted] == bonus
+        assert result.out_tokens[b, accepted + 1 :].eq(0).all()
