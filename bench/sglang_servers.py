@@ -69,8 +69,12 @@ TP_ENV = {
 GRAPH_MAX_BS = 4
 """Decode graphs cover batches 1-4 by default; batch 8 then runs eagerly on the same server."""
 DFLASH = "dflash"
-SPEC_FAMILY = {"tree": "eagle", "chain": "eagle", DFLASH: "dflash"}
+DDTREE = "ddtree"
+SPEC_FAMILY = {"tree": "eagle", "chain": "eagle", DFLASH: "dflash", DDTREE: "ddtree"}
 """Speculation -> the algorithm family a record names (``spec``)."""
+DRAFT_MODEL_SPECULATIONS = (DFLASH, DDTREE)
+"""Speculations that run a separate DFlash draft model."""
+DDTREE_BUDGET = 16
 KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
 """KV cache dtype -> SGLang's flags (bfloat16 is the model's dtype, SGLang's default)."""
 DFLASH_BLOCK_SIZE = 16
@@ -87,10 +91,11 @@ class ServerSpec:
     name: str
     mode: str  # KDTREE_VERIFY: off | validate | on
     model: Path
-    speculation: str = "tree"  # tree | chain (EAGLE) | dflash
-    draft: Path | None = None  # the DFlash draft model directory (dflash only)
+    speculation: str = "tree"  # tree | chain (EAGLE) | dflash | ddtree
+    draft: Path | None = None  # the DFlash draft model directory (dflash and ddtree only)
     block_size: int = DFLASH_BLOCK_SIZE  # DFlash: tokens verified per step
     draft_window: int | None = None  # DFlash: the draft attends to this many last tokens
+    budget: int = DDTREE_BUDGET  # DDTree: draft-tree nodes verified per step
     kv_dtype: str = "bfloat16"  # or fp8_e4m3
     cuda_graphs: bool = True
     radix_cache: bool = True
@@ -109,8 +114,12 @@ class ServerSpec:
             raise ValueError(
                 f"{self.name}: kv_dtype {self.kv_dtype!r}; choose from {sorted(KV_DTYPES)}"
             )
-        if (self.speculation == DFLASH) != (self.draft is not None):
-            raise ValueError(f"{self.name}: a draft model goes with dflash, and only with it")
+        if (self.speculation in DRAFT_MODEL_SPECULATIONS) != (self.draft is not None):
+            raise ValueError(
+                f"{self.name}: a draft model goes with dflash and ddtree, and only with them"
+            )
+        if self.budget < 1:
+            raise ValueError(f"{self.name}: budget must be at least 1, got {self.budget}")
         if self.block_size < 2:
             raise ValueError(f"{self.name}: block_size must be at least 2, got {self.block_size}")
         if self.draft_window is not None:
@@ -128,6 +137,18 @@ class ServerSpec:
         return SPEC_FAMILY[self.speculation]
 
     def speculative_flags(self) -> list[str]:
+        if self.speculation == DDTREE:
+            # The verify width is the tree's nodes and its root; the draft's block comes from
+            # its config. DDTree runs without overlap scheduling.
+            return [
+                "--speculative-algorithm",
+                "DDTREE",
+                "--speculative-draft-model-path",
+                str(self.draft),
+                "--speculative-num-draft-tokens",
+                str(self.budget + 1),
+                "--disable-overlap-schedule",
+            ]
         if self.speculation != DFLASH:
             return ["--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation]]
         # DFLASH forces num_steps and eagle_topk to 1 itself; the block is the verify width.
@@ -196,6 +217,11 @@ class ServerSpec:
                     "draft_window": self.draft_window,
                 }
                 if self.speculation == DFLASH
+                else {}
+            ),
+            **(
+                {"draft": self.draft.name, "budget": self.budget}
+                if self.speculation == DDTREE
                 else {}
             ),
             "kv_dtype": self.kv_dtype,

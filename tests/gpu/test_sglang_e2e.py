@@ -61,7 +61,13 @@ sys.path.insert(0, str(ROOT / "bench" / "models"))
 import make_dflash_draft  # noqa: E402
 import make_model  # noqa: E402
 from sglang_e2e import metric_sum, metric_values  # noqa: E402
-from sglang_servers import DFLASH, ServerSpec, start_all, stop_all  # noqa: E402
+from sglang_servers import (  # noqa: E402
+    DDTREE,
+    DRAFT_MODEL_SPECULATIONS,
+    ServerSpec,
+    start_all,
+    stop_all,
+)
 
 from kdtree_inference.sglang.modes import BF16_POOL_ATOL, FP8_POOL_ATOL  # noqa: E402
 from kdtree_parity.client import build_generate_request  # noqa: E402
@@ -103,8 +109,13 @@ class E2EConfig:
         return "off_floor"
 
     @property
-    def dflash(self) -> bool:
-        return self.server.get("speculation") == DFLASH
+    def draft_model(self) -> bool:
+        """DFlash and DDTree run a separate DFlash draft model."""
+        return self.server.get("speculation") in DRAFT_MODEL_SPECULATIONS
+
+    @property
+    def ddtree(self) -> bool:
+        return self.server.get("speculation") == DDTREE
 
     def pairs(self) -> dict[str, tuple[str, str]]:
         pairs = {"graphs": ("off", "validate")}
@@ -121,6 +132,19 @@ CONFIGS = {
     # The DFlash draft's weights count against the static fraction: 0.07 leaves no KV cache.
     "dflash": E2EConfig(
         "tiny", {"speculation": "dflash"}, mem_fraction=0.09, floor={"speculation": "chain"}
+    ),
+    # DDTree: DFlash's draft turned into a tree of `budget` nodes, verified with the tree mask.
+    "ddtree": E2EConfig(
+        "tiny",
+        {"speculation": "ddtree", "budget": 16},
+        mem_fraction=0.09,
+        floor={"speculation": "chain"},
+    ),
+    "ddtree-64": E2EConfig(
+        "tiny",
+        {"speculation": "ddtree", "budget": 64},
+        mem_fraction=0.09,
+        floor={"speculation": "chain"},
     ),
     "kimi": E2EConfig(
         "kimi-rank",
@@ -159,7 +183,7 @@ def models(tmp_path_factory) -> dict[int, tuple[Path, Path | None]]:
         path = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}")
         make_model.write_model(path, CONFIG.preset, seed=seed, device="cuda")
         draft = None
-        if CONFIG.dflash:
+        if CONFIG.draft_model:
             draft = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}_dflash")
             make_dflash_draft.write_draft(path, draft, seed=seed)
         made[seed] = (path, draft)
@@ -178,7 +202,7 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
             target,
             # An EAGLE server of a DFlash family (its floor) speculates with the target's own
             # draft layer, not the DFlash draft.
-            draft=draft if server.get("speculation") == DFLASH else None,
+            draft=draft if server.get("speculation") in DRAFT_MODEL_SPECULATIONS else None,
             radix_cache=False,
             mem_fraction=CONFIG.mem_fraction,
             env=env,
@@ -342,8 +366,8 @@ def _forward_metrics(values: dict, prefix: str) -> dict:
 
 
 # EAGLE's draft runs the draft extend over the MLA prefix (the kernel serves it too); DFlash's
-# draft is an MHA model with its own cache, which stays on SGLang's Triton kernel.
-FORWARDS = ["kdtree_verify"] if CONFIG.dflash else ["kdtree_verify", "kdtree_draft_extend"]
+# (and so DDTree's) draft is an MHA model with its own cache, which stays on SGLang's Triton kernel.
+FORWARDS = ["kdtree_verify"] if CONFIG.draft_model else ["kdtree_verify", "kdtree_draft_extend"]
 
 
 @pytest.mark.parametrize("name", VALIDATE_SERVERS)
@@ -370,7 +394,7 @@ def test_validate_metrics(name, prefix, servers, generations, record) -> None:
             assert diff <= 0.5 * vs_exact[f"triton/{layer}"], (layer, diff, vs_exact)
 
 
-if CONFIG.dflash:  # (EAGLE's draft extend is checked by test_validate_metrics)
+if CONFIG.draft_model:  # (EAGLE's draft extend is checked by test_validate_metrics)
 
     def test_dflash_draft_attention_stays_stock(servers, generations, record) -> None:
         """The DFlash draft's attention is MHA over its own cache, not the MLA pool: our backend
@@ -399,14 +423,16 @@ def test_plugin_runs_in_the_scheduler_process(servers, record) -> None:
     assert pids and server.proc.pid not in pids, "the backend ran in the launcher, not a scheduler"
 
 
-def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
+def _parity(
+    candidate: str, servers, out_dir: Path, record, baseline: str = "off"
+) -> tuple[int, dict]:
     running, _ = servers
     parity_out = out_dir / "parity"
     command = [
         shutil.which("kdtree-parity") or "kdtree-parity",
         "run",
         "--baseline",
-        running["off"].url,
+        running[baseline].url,
         "--candidate",
         running[candidate].url,
         "--corpus",
@@ -418,7 +444,11 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
         "--db",
         str(parity_out / "parity.sqlite3"),
         "--no-progress",
-        *(["--floor", running[CONFIG.floor_server].url] if CONFIG.floor_server else []),
+        *(
+            ["--floor", running[CONFIG.floor_server].url]
+            if CONFIG.floor_server and CONFIG.floor_server not in (baseline, candidate)
+            else []
+        ),
     ]
     parity_out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -426,7 +456,7 @@ def _parity(candidate: str, servers, out_dir: Path, record) -> tuple[int, dict]:
     log.write_text(f"$ {' '.join(command)}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
     reports = sorted(parity_out.glob("*/report.json"), key=lambda p: p.stat().st_mtime)
     report = json.loads(reports[-1].read_text()) if reports else {}
-    record.setdefault("parity", {})[candidate] = {
+    record.setdefault("parity", {})[f"{candidate} vs {baseline}"] = {
         "exit": done.returncode,
         "verdict": report.get("verdict", {}).get("status"),
         "report": str(reports[-1].relative_to(out_dir)) if reports else None,
@@ -445,3 +475,38 @@ def test_parity_gate_fails_a_candidate_with_other_weights(servers, out_dir, reco
     code, report = _parity("on_seed1", servers, out_dir, record)
     assert report, "no report.json was written"
     assert (code, report["verdict"]["status"]) == (1, "fail"), report["verdict"]
+
+
+if CONFIG.ddtree:
+
+    def test_ddtree_accepts_draft_tokens(servers, record) -> None:
+        """The tree verify commits more than one token per step: the draft's tree is used."""
+        running, _ = servers
+        prompt = [2 + (i * 7) % 4000 for i in range(256)]
+        body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
+        found = {}
+        for name in ("off", "on"):
+            meta = running[name].post("/generate", body)["meta_info"]
+            found[name] = {
+                "completion_tokens": meta["completion_tokens"],
+                "spec_verify_ct": meta.get("spec_verify_ct"),
+            }
+        record["ddtree_accept"] = found
+        for name, got in found.items():
+            assert got["spec_verify_ct"], (name, got)
+            assert got["completion_tokens"] / got["spec_verify_ct"] > 1.0, (name, got)
+
+    def test_ddtree_is_lossless_against_eagles_chain(servers, out_dir, record) -> None:
+        """Greedy tokens do not depend on the draft: DDTree's off against EAGLE's chain off (the
+        floor server) diverges only at near-ties of the two verify numerics."""
+        code, report = _parity("off", servers, out_dir, record, baseline=CONFIG.floor_server)
+        assert report, "no report.json was written"
+        candidate = report["summary"]["candidate"]
+        record["ddtree_vs_eagle_chain"] = {
+            "exit": code,
+            "hard": candidate["hard"],
+            "near_tie": candidate["near_tie"],
+            "exact": candidate["exact"],
+            "compared": candidate["compared"],
+        }
+        assert candidate["hard"] == 0, record["ddtree_vs_eagle_chain"]

@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from kdtree_verify.testing import flat_custom_mask, tree_visibility
 
 from kdtree_inference.ddtree.tree import (
     DraftTree,
@@ -16,6 +15,7 @@ from kdtree_inference.ddtree.tree import (
     max_tree_nodes,
     verify_layout,
 )
+from kdtree_verify.testing import flat_custom_mask, tree_visibility
 
 
 def draft_distributions(rng, depth, top_k, vocab=50, ties=False):
@@ -143,7 +143,9 @@ def test_sglangs_triton_tree_verify_reads_the_layout():
     )
     start = 0
     for b, (tree, prefix) in enumerate(zip(trees, prefix_lens, strict=True)):
-        keys = torch.cat([k_buffer[kv_indices[start : start + prefix], 0], k_extend[b * width :][:width, 0]])
+        keys = torch.cat(
+            [k_buffer[kv_indices[start : start + prefix], 0], k_extend[b * width :][:width, 0]]
+        )
         start += prefix
         visible = torch.cat(
             [torch.ones(width, prefix, dtype=torch.bool), torch.from_numpy(tree.ancestors())], dim=1
