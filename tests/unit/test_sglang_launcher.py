@@ -45,9 +45,11 @@ def standin(tmp_path):
     script.write_text(
         textwrap.dedent(
             f"""
-            import json, sys
+            import json, os, sys
             with open({str(record)!r}, "w") as f:
                 json.dump(sys.argv[1:], f)
+            with open({str(record)!r} + ".topk", "w") as f:
+                f.write(os.environ.get("KDTREE_DDTREE_TOPK", ""))
             sys.exit(int(__import__("os").environ.get("FAKE_SGLANG_EXIT", "0")))
             """
         )
@@ -154,3 +156,52 @@ def test_flag_values_reads_both_spellings():
     assert flag_values(args, "--attention-backend") == ["triton"]
     assert flag_values(args, "--decode-attention-backend") == ["fa3"]
     assert flag_values(["--attention-backend"], "--attention-backend") == []
+
+
+DDTREE = ["--model-path", "/m", "--speculative-algorithm", "DDTREE"]
+
+
+def test_ddtree_flags_become_what_sglang_and_the_worker_read(standin):
+    record, launcher = standin
+    flags = ["--speculative-ddtree-budget", "32", "--speculative-ddtree-topk=4", "--port", "1"]
+    result = serve([*DDTREE, *flags], launcher, KDTREE_VERIFY="off")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(record.read_text()) == [
+        *DDTREE,
+        "--port",
+        "1",
+        "--speculative-num-draft-tokens",
+        "33",
+    ]
+    assert Path(str(record) + ".topk").read_text() == "4"
+    # The same width given twice is fine; a different one is refused before SGLang starts.
+    same = serve(
+        [*DDTREE, "--speculative-ddtree-budget=8", "--speculative-num-draft-tokens", "9"],
+        launcher,
+        KDTREE_VERIFY="off",
+    )
+    assert same.returncode == 0, same.stderr
+    assert json.loads(record.read_text()) == [*DDTREE, "--speculative-num-draft-tokens", "9"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--speculative-ddtree-budget", "0"],
+            "--speculative-ddtree-budget=0: it must be at least 1",
+        ),
+        (["--speculative-ddtree-topk", "x"], "--speculative-ddtree-topk='x' is not an integer"),
+        (["--speculative-ddtree-budget"], "--speculative-ddtree-budget needs a value"),
+        (
+            ["--speculative-ddtree-budget", "16", "--speculative-num-draft-tokens", "16"],
+            "means --speculative-num-draft-tokens 17",
+        ),
+    ],
+)
+def test_bad_ddtree_flags_are_refused(standin, flags, message):
+    record, launcher = standin
+    result = serve([*DDTREE, *flags], launcher, KDTREE_VERIFY="off")
+    assert result.returncode == ExitCode.REFUSED
+    assert message in result.stderr
+    assert not record.exists(), "SGLang was started"

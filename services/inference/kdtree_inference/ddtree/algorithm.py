@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger("kdtree.ddtree")
@@ -57,8 +58,8 @@ def draft_block_size(server_args: Any) -> int:
 
 def check_server_args(server_args: Any) -> None:
     """Refuse, with the flag to change, what this worker cannot serve."""
+    from .options import TOPK_ENV, ddtree_topk
     from .tree import max_tree_nodes
-    from .worker import TOPK_ENV, ddtree_topk
 
     def refuse(message: str) -> None:
         raise DDTreeConfigError(f"--speculative-algorithm DDTREE: {message}")
@@ -88,7 +89,7 @@ def check_server_args(server_args: Any) -> None:
             f"--speculative-num-draft-tokens {width} leaves no tree: it is budget + 1, at least 2"
         )
     if width is not None:
-        budget, top_k = int(width) - 1, ddtree_topk()
+        budget, top_k = int(width) - 1, ddtree_topk(os.environ)
         depth = draft_block_size(server_args) - 1
         if budget > max_tree_nodes(depth, top_k):
             refuse(

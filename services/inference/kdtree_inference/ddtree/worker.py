@@ -21,36 +21,23 @@ its sampling verify is unavailable. The scheduler runs this worker without overl
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
 
 import torch
 
-from .tree import VerifyLayout, accept_greedy, build_tree, verify_layout
+from .options import ddtree_topk
+from .tree import accept_greedy, build_tree, verify_layout
 
 logger = logging.getLogger("kdtree.ddtree")
 
-TOPK_ENV = "KDTREE_DDTREE_TOPK"
-DEFAULT_TOPK = 8
 
-
-def ddtree_topk() -> int:
-    """Candidates per depth (``KDTREE_DDTREE_TOPK``, default 8)."""
-    raw = os.environ.get(TOPK_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TOPK
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{TOPK_ENV}={raw!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"{TOPK_ENV}={value}: need at least 1 candidate per depth")
-    return value
-
-
-def _worker_class() -> type:
-    """Defined lazily: SGLang's DFlash worker imports CUDA-only kernels at import time."""
+@functools.cache
+def ddtree_worker_class() -> type:
+    """The worker class, defined on first use (once per process): SGLang's DFlash worker module
+    imports its kernels at import time, which only SGLang's processes should pay for."""
     from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
     from sglang.srt.layers.logprob_processor import compute_spec_logprobs
     from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -80,7 +67,7 @@ def _worker_class() -> type:
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
             self.verify_width = int(get_spec().speculative_num_draft_tokens)
             self.budget = self.verify_width - 1
-            self.top_k = ddtree_topk()
+            self.top_k = ddtree_topk(os.environ)
             if self.selector is not None or self.lilicorr is not None or self._is_domino:
                 raise ValueError(
                     "DDTREE needs a plain DFlash draft (no candidate selector, LiLiCorr or "
@@ -336,17 +323,3 @@ def _worker_class() -> type:
             pool.move_kv_cache(window.reshape(-1), sources.reshape(-1))
 
     return DDTreeWorker
-
-
-def ddtree_worker_class() -> type:
-    """The worker class (built once per process)."""
-    global _WORKER
-    if _WORKER is None:
-        _WORKER = _worker_class()
-    return _WORKER
-
-
-_WORKER: type | None = None
-
-
-__all__ = ["TOPK_ENV", "VerifyLayout", "ddtree_topk", "ddtree_worker_class"]

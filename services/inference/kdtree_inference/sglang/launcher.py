@@ -12,6 +12,9 @@ launcher prints the active KDTREE_VERIFY mode and, when the mode needs the kerne
 - the CUDA kernel is missing or does not run on this GPU (checked with a real call; see
   ``extension``).
 
+DDTree's flags (``--speculative-ddtree-budget``, ``--speculative-ddtree-topk``) are rewritten into
+what SGLang and the DDTree worker read (``ddtree.options``); a bad value refuses the start.
+
 ``--help`` (``-h``) skips those checks: SGLang prints its arguments and starts nothing.
 ``kdtree-serve kdtree-selfcheck [ARGS]`` runs ``kdtree-selfcheck [ARGS]`` instead (the image's
 entrypoint is kdtree-serve, so ``docker run IMAGE kdtree-selfcheck`` works as typed).
@@ -27,6 +30,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 
+from ..ddtree.options import DDTreeFlagError, rewrite_ddtree_flags
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
 from .modes import SettingsError, VerifyMode, VerifySettings
@@ -119,9 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         inference = InferenceSettings.from_env(env)
         settings = VerifySettings.from_settings(inference)
-    except SettingsError as error:
+        args, ddtree_env = rewrite_ddtree_flags(args)
+    except (SettingsError, DDTreeFlagError) as error:
         _say(f"refusing to start: {error}")
         return ExitCode.REFUSED
+    env.update(ddtree_env)  # the exec'd SGLang and its schedulers inherit it
     _say(f"mode: {settings.describe()}")
     if settings.mode is not VerifyMode.OFF and not flag_values(args, "--attention-backend"):
         _say("note: pass --attention-backend triton so SGLang picks the backend kdtree replaces")
