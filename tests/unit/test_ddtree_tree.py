@@ -193,3 +193,58 @@ def test_acceptance_walk_matches_the_plain_walk(seed):
         assert result.out_tokens[b, :accepted].tolist() == tree.tokens[path[1:]].tolist()
         assert result.out_tokens[b, accepted] == bonus
         assert result.out_tokens[b, accepted + 1 :].eq(0).all()
+
+
+def test_accepted_kv_moves_compact_the_path_in_sglangs_mla_pool():
+    """SGLang's own MLA KV pool (CPU) after the moves: slot j of each window holds the KV the
+    verify wrote for the path's node at depth j; slots past the path are untouched."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    from kdtree_inference.ddtree.tree import accepted_kv_moves, chain_rows
+
+    rng = np.random.default_rng(2)
+    trees = random_trees(rng, 3, budget=10, depth=4, top_k=3)
+    layout = verify_layout(trees, [5, 0, 2])
+    width = trees[0].size
+    # Request 0 accepts one node, request 1 its deepest path, request 2 nothing: 99 is no draft
+    # token, so the walk stops where the target's tokens stop leading along the chosen path.
+    predict = np.full((3, width), 99)
+    targets = [1, int(np.argmax(trees[1].depths)), 0]
+    for b, (tree, node) in enumerate(zip(trees, targets, strict=True)):
+        while node > 0:
+            predict[b, tree.parents[node]] = tree.tokens[node]
+            node = tree.parents[node]
+    acceptance = accept_greedy(layout, torch.from_numpy(predict))
+    expected = [int(trees[b].depths[node]) for b, node in enumerate(targets)]
+    assert acceptance.accept_lens.tolist() == expected and expected[1] > 1
+    pool = MLATokenToKVPool(
+        size=64,
+        page_size=1,
+        dtype=torch.float32,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        layer_num=2,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    for layer in range(2):
+        buffer = pool.get_key_buffer(layer)
+        buffer.copy_(torch.randn(buffer.shape))
+    window = torch.from_numpy(rng.permutation(60)[: 3 * width].reshape(3, width)).to(torch.int64)
+    before = [pool.get_key_buffer(layer).clone() for layer in range(2)]
+    pool.move_kv_cache(*accepted_kv_moves(window, acceptance))
+    for layer in range(2):
+        after = pool.get_key_buffer(layer)
+        for b in range(3):
+            accepted = int(acceptance.accept_lens[b])
+            for j in range(width):
+                node = int(acceptance.chain_index[b, j]) if j <= accepted else j
+                assert torch.equal(after[window[b, j]], before[layer][window[b, node]]), (b, j)
+    # The path's verify rows, depth by depth, as a DFlash block lays them out.
+    rows = chain_rows(acceptance).view(3, width)
+    for b in range(3):
+        assert rows[b, 0] == b * width
+        assert rows[b, : int(acceptance.accept_lens[b]) + 1].tolist() == [
+            b * width + int(i)
+            for i in acceptance.chain_index[b, : int(acceptance.accept_lens[b]) + 1]
+        ]

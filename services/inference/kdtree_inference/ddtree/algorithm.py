@@ -47,13 +47,22 @@ def _draft_config_block_size(draft_path: str, trust_remote_code: bool) -> int | 
     return parse_dflash_draft_config(draft_hf_config=config).resolve_block_size(default=None)
 
 
-def draft_block_size(server_args: Any) -> int:
-    """The draft's block: its ``dflash_config`` block size, at most the verify width."""
-    block = _draft_config_block_size(
-        str(server_args.speculative_draft_model_path), bool(server_args.trust_remote_code)
+def draft_block_size(draft_path: str, width: int, trust_remote_code: bool = False) -> int:
+    """The draft's block: its ``dflash_config`` block size, at most the verify width ``width``."""
+    block = _draft_config_block_size(str(draft_path), bool(trust_remote_code))
+    return min(int(block or width), int(width))
+
+
+def served_draft_block_size() -> int:
+    """``draft_block_size`` of the server this process runs, from SGLang's resolved config."""
+    from sglang.srt.runtime_context import get_model, get_spec
+
+    spec = get_spec()
+    return draft_block_size(
+        spec.speculative_draft_model_path,
+        spec.speculative_num_draft_tokens,
+        get_model().trust_remote_code,
     )
-    width = int(server_args.speculative_num_draft_tokens)
-    return min(int(block or width), width)
 
 
 def check_server_args(server_args: Any) -> None:
@@ -90,7 +99,10 @@ def check_server_args(server_args: Any) -> None:
         )
     if width is not None:
         budget, top_k = int(width) - 1, ddtree_topk(os.environ)
-        depth = draft_block_size(server_args) - 1
+        depth = draft_block_size(
+            server_args.speculative_draft_model_path, int(width), server_args.trust_remote_code
+        )
+        depth -= 1
         if budget > max_tree_nodes(depth, top_k):
             refuse(
                 f"a budget of {budget} nodes does not fit a tree {depth} deep with {top_k} "
@@ -143,9 +155,7 @@ def _spec_class() -> type:
         ) -> int:
             if not is_draft_worker:
                 return num_draft_tokens
-            from sglang.srt.runtime_context import get_server_args
-
-            return draft_block_size(get_server_args())
+            return served_draft_block_size()
 
     return DDTreeAlgorithm
 

@@ -203,3 +203,27 @@ def accept_greedy(layout: VerifyLayout, target_predict: torch.Tensor) -> Accepta
         out_tokens=out_tokens,
         commit_lens=(accept_lens + 1).to(torch.int32),
     )
+
+
+def chain_rows(acceptance: Acceptance) -> torch.Tensor:
+    """Flat verify rows of each request's path, depth by depth (the root's row past the path):
+    the rows a DFlash block would have had, for the logprob pass and the draft's KV."""
+    bs, width = acceptance.chain_index.shape
+    base = torch.arange(bs, device=acceptance.chain_index.device)[:, None] * width
+    return (base + acceptance.chain_index).reshape(-1)
+
+
+def accepted_kv_moves(
+    window: torch.Tensor, acceptance: Acceptance
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(targets, sources)`` KV slots that put the path's node at depth ``j`` into slot ``j`` of
+    the request's verify window (``window`` is ``[bs, W]``, node i's KV in slot i).
+
+    Static shapes for every batch: past the path a slot moves onto itself. A KV pool's
+    ``move_kv_cache`` gathers every source before it writes, so a source that is also a target
+    is read first.
+    """
+    column = torch.arange(window.shape[1], device=window.device)[None, :]
+    on_path = column <= acceptance.accept_lens[:, None]
+    sources = torch.where(on_path, torch.gather(window, 1, acceptance.chain_index), window)
+    return window.reshape(-1), sources.reshape(-1)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .options import ddtree_topk
-from .tree import accept_greedy, build_tree, verify_layout
+from .tree import accept_greedy, accepted_kv_moves, build_tree, chain_rows, verify_layout
 
 logger = logging.getLogger("kdtree.ddtree")
 
@@ -60,7 +60,7 @@ def ddtree_worker_class() -> type:
     )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from .algorithm import draft_block_size
+    from .algorithm import served_draft_block_size
 
     class DDTreeWorker(DFlashWorkerV2):
         def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any):
@@ -75,7 +75,7 @@ def ddtree_worker_class() -> type:
                 )
             # DFlash sized its block from --speculative-num-draft-tokens, which for DDTree is the
             # verify width; the draft runs its own block, at most that wide.
-            self.block_size = draft_block_size(server_args)
+            self.block_size = served_draft_block_size()
             self.draft_model.set_block_size(self.block_size)
             self._block_pos_offsets = build_block_pos_offsets(
                 length=self.block_size, device=self.device
@@ -257,7 +257,7 @@ def ddtree_worker_class() -> type:
                 )
             predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
             acceptance = accept_greedy(layout, predict)
-            rows = self._chain_rows(acceptance, width)
+            rows = chain_rows(acceptance)
 
             # The path's logits in chain order, as the logprob pass reads a DFlash block.
             logits_output.next_token_logits = logits_output.next_token_logits[rows]
@@ -269,7 +269,8 @@ def ddtree_worker_class() -> type:
                     chain_stride=width,
                 )
 
-            self._commit_target_kv(window, acceptance)
+            pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+            pool.move_kv_cache(*accepted_kv_moves(window, acceptance))
             new_seq_lens = prefix_lens + acceptance.commit_lens.to(prefix_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
@@ -306,20 +307,5 @@ def ddtree_worker_class() -> type:
                 routed_experts_output=target_out.routed_experts_output,
                 indexer_topk_output=target_out.indexer_topk_output,
             )
-
-        @staticmethod
-        def _chain_rows(acceptance, width: int) -> torch.Tensor:
-            """Flat verify rows of the path nodes, depth by depth (row of the root past the path)."""
-            bs = acceptance.chain_index.shape[0]
-            base = torch.arange(bs, device=acceptance.chain_index.device)[:, None] * width
-            return (base + acceptance.chain_index).reshape(-1)
-
-        def _commit_target_kv(self, window: torch.Tensor, acceptance) -> None:
-            """Move the accepted nodes' target KV to the slots of depths 1..accept_len."""
-            column = torch.arange(window.shape[1], device=window.device)[None, :]
-            on_path = column <= acceptance.accept_lens[:, None]
-            sources = torch.where(on_path, torch.gather(window, 1, acceptance.chain_index), window)
-            pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-            pool.move_kv_cache(window.reshape(-1), sources.reshape(-1))
 
     return DDTreeWorker
