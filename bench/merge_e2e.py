@@ -53,6 +53,7 @@ ROW_KEY = (
     "spec",
     "speculation",
     "draft_window",
+    "budget",
     "kv_dtype",
     "configuration",
     "batch",
@@ -86,6 +87,8 @@ def describe_shape(row: dict[str, Any]) -> str:
     words.append(f"{fields['batch']}x{fields['prompt_len']}")
     if fields["draft_window"] is not None:
         words.append(f"draft window {fields['draft_window']}")
+    if fields["budget"] is not None:
+        words.append(f"budget {fields['budget']}")
     if fields["extra_args"]:
         words.append(f"({fields['extra_args']})")
     return " ".join(words)
@@ -133,6 +136,9 @@ def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHI
         run=run,
         log=log_archive.format(run=run, log=record.get("log", "")),
     )
+    if "budget" in server:
+        row["budget"] = server["budget"]
+        row["draft"] = server.get("draft")
     if "block_size" in server:
         row["block_size"] = server["block_size"]
         row["draft"] = server.get("draft")

@@ -39,7 +39,7 @@ GPU time per verify step per kernel, side by side, to ``OUT/profile/profile.md``
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python bench/sglang_e2e.py --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
                                [--shapes 1x1024,1x131072,8x32768,...]
-        [--repeats 3] [--spec eagle|dflash --draft DIR [--draft-window N]] [--kv-dtype bf16|fp8]
+        [--repeats 3] [--spec eagle|dflash|ddtree --draft DIR [--draft-window N] [--budget N]] [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ from host_samples import HostSampler
 from model_names import made_model_name
 from sglang_profile import comparison, comparison_markdown, merged_times, profile_decode
 from sglang_servers import (
+    DDTREE,
+    DDTREE_BUDGET,
     DFLASH,
     DFLASH_BLOCK_SIZE,
     GRAPH_MAX_BS,
@@ -289,6 +291,7 @@ def speed_specs(
     draft: Path | None = None,
     block_size: int = DFLASH_BLOCK_SIZE,
     draft_window: int | None = None,
+    budget: int = DDTREE_BUDGET,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
@@ -301,6 +304,7 @@ def speed_specs(
             draft=draft,
             block_size=block_size,
             draft_window=draft_window,
+            budget=budget,
             kv_dtype=kv_dtype,
             cuda_graphs=cuda_graphs,
             mem_fraction=mem_fraction,
@@ -332,7 +336,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
     kv_dtype = KV_DTYPE_NAMES[args.kv_dtype]
-    speculation = DFLASH if args.spec == "dflash" else args.speculation
+    speculation = {"dflash": DFLASH, "ddtree": DDTREE}.get(args.spec, args.speculation)
     specs = speed_specs(
         args.model,
         args.modes,
@@ -344,6 +348,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         draft=args.draft,
         block_size=args.block_size,
         draft_window=args.draft_window,
+        budget=args.budget,
         kv_dtype=kv_dtype,
         cuda_graphs=not args.no_cuda_graphs,
     )
@@ -554,12 +559,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)})",
     )
     parser.add_argument(
-        "--spec", choices=("eagle", "dflash"), default="eagle", help="speculative algorithm"
+        "--spec",
+        choices=("eagle", "dflash", "ddtree"),
+        default="eagle",
+        help="speculative algorithm (ddtree: the DFlash draft's tree, --budget nodes)",
     )
     parser.add_argument(
         "--speculation", choices=("tree", "chain"), default="tree", help="EAGLE's draft shape"
     )
-    parser.add_argument("--draft", type=Path, help="DFlash draft model directory (--spec dflash)")
+    parser.add_argument(
+        "--draft", type=Path, help="DFlash draft model directory (--spec dflash or ddtree)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=DDTREE_BUDGET,
+        help=f"DDTree: draft-tree nodes verified per step (default {DDTREE_BUDGET})",
+    )
     parser.add_argument(
         "--block-size", type=int, default=DFLASH_BLOCK_SIZE, help="DFlash tokens per verify"
     )
@@ -638,19 +654,27 @@ def refusal(args: argparse.Namespace) -> str | None:
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:
         return f"--modes: unknown {unknown}; choose from {list(MODES)}"
-    if args.spec == "dflash":
+    if args.spec in ("dflash", "ddtree"):
         if args.draft is None:
-            return "--spec dflash needs --draft DIR (make_model.py dflash-draft)"
+            return f"--spec {args.spec} needs --draft DIR (make_dflash_draft.py)"
         if not (args.draft / "config.json").is_file():
             return f"no config.json in the draft {args.draft}"
+    if args.spec == "ddtree":
+        if args.budget < 1:
+            return f"--budget must be at least 1, got {args.budget}"
+        if args.draft_window is not None:
+            return "--draft-window is DFlash's: DDTree's draft reads the whole context"
+    elif args.budget != DDTREE_BUDGET:
+        return "--budget is DDTree's: use it with --spec ddtree"
+    if args.spec == "dflash":
         if args.block_size < 2:
             return f"--block-size must be at least 2, got {args.block_size}"
         if args.draft_window is not None and args.draft_window < args.block_size:
             return (
                 f"--draft-window {args.draft_window} is smaller than the block ({args.block_size})"
             )
-    elif args.draft is not None:
-        return "--draft is a DFlash draft: use it with --spec dflash"
+    elif args.draft is not None and args.spec != "ddtree":
+        return "--draft is a DFlash draft: use it with --spec dflash or ddtree"
     elif args.draft_window is not None:
         return "--draft-window is DFlash's: use it with --spec dflash"
     if args.host_samples and shutil.which("py-spy") is None:

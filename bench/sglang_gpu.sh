@@ -11,7 +11,7 @@
 #                and SGLang's real code), then `kdtree-selfcheck` as an operator runs it (its
 #                reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
-#                kimi; default eagle): validate == off, the parity gate
+#                ddtree, ddtree-64, kimi; default eagle): validate == off, the parity gate
 #   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
 #                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
@@ -32,8 +32,8 @@
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
 # SPEED_PRESET is the make_model.py preset (default rank), SPEED_LAYERS its target layer count
-# (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash
-# writes a DFlash draft;
+# (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash or
+# ddtree writes a DFlash draft (ddtree: add --budget N to SPEED_ARGS, default 16);
 # SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
@@ -121,10 +121,11 @@ run_phase() {
       python3 bench/models/make_model.py --preset "$preset" ${SPEED_LAYERS:+--layers "$SPEED_LAYERS"} \
         --device cuda "/tmp/models/$preset"
       spec_args=()
-      if [ "${SPEED_SPEC:-eagle}" = dflash ]; then
-        python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
-        spec_args=(--spec dflash --draft "/tmp/models/$preset-dflash")
-      fi
+      case ${SPEED_SPEC:-eagle} in
+        dflash|ddtree)
+          python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
+          spec_args=(--spec "$SPEED_SPEC" --draft "/tmp/models/$preset-dflash") ;;
+      esac
       # The GPU's clocks, power and throttle reasons every 200 ms, beside each repetition's
       # started_at in speed.json: a step that varies while its kernels do not shows up here.
       mkdir -p "$OUT/speed"

@@ -71,6 +71,16 @@ def test_best_first_tree_holds_the_best_paths(depth, top_k, ties):
             assert len(set(children.tolist())) == len(children)
 
 
+def test_tokens_the_draft_rules_out_stay_last():
+    """-inf log-probabilities (a peaked draft in float32) order after every finite path."""
+    tokens = np.array([[5, 6, 7], [8, 9, 10]])
+    logprobs = np.array([[0.0, -np.inf, -np.inf], [-1.0, -2.0, -np.inf]])
+    tree = build_tree(1, tokens, logprobs, 8)
+    assert not np.isnan(tree.scores).any()
+    assert tree.tokens[1:4].tolist() == [5, 8, 9]  # the finite paths first, best first
+    assert np.isneginf(tree.scores[4:]).all() and tree.size == 9
+
+
 def test_tree_is_deterministic_and_checks_its_inputs():
     rng = np.random.default_rng(3)
     tokens, logprobs = draft_distributions(rng, 4, 3, ties=True)

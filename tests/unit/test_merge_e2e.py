@@ -166,6 +166,28 @@ def test_a_draft_window_is_its_own_measurement(committed) -> None:
     assert merge_e2e.row_key(new_rows[0]) != merge_e2e.row_key(new_rows[1])
 
 
+def test_each_ddtree_budget_is_its_own_measurement(committed) -> None:
+    """DDTree at budget 8 and at 64 are two configurations of one shape, not one replacing the
+    other; the shape names its budget."""
+    small, large = (
+        ServerSpec("speed_on", "on", Path("/m"), speculation="ddtree", draft=Path("/d"), budget=b)
+        for b in (8, 64)
+    )
+    merged = merge_e2e.merge(
+        copy.deepcopy(committed),
+        [("run94", speed_json([speed_record(small, "on", 1, 1000, 900.0)]))],
+    )
+    merged = merge_e2e.merge(
+        merged, [("run95", speed_json([speed_record(large, "on", 1, 1000, 700.0)]))]
+    )
+    new_rows = merged["records"][len(committed["records"]) :]
+    assert [(r["run"], r["spec"], r["budget"], r["draft"]) for r in new_rows] == [
+        ("run94", "ddtree", 8, "d"),
+        ("run95", "ddtree", 64, "d"),
+    ]
+    assert merge_e2e.describe_shape(new_rows[1]) == "rank ddtree bfloat16 1x1000 budget 64"
+
+
 def test_further_server_arguments_are_their_own_measurement(committed) -> None:
     """A run with, say, another draft attention backend replaces none of the stock rows."""
     stock = ServerSpec("speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"))

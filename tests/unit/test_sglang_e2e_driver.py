@@ -150,10 +150,14 @@ def test_dflash_and_fp8_flags_are_sglang_s() -> None:
 
 
 def test_server_specs_refuse_inconsistent_speculation() -> None:
-    with pytest.raises(ValueError, match="a draft model goes with dflash"):
+    with pytest.raises(ValueError, match="a draft model goes with dflash and ddtree"):
         ServerSpec("d", "on", Path("/m"), speculation="dflash")
-    with pytest.raises(ValueError, match="a draft model goes with dflash"):
+    with pytest.raises(ValueError, match="a draft model goes with dflash and ddtree"):
+        ServerSpec("t", "on", Path("/m"), speculation="ddtree")
+    with pytest.raises(ValueError, match="a draft model goes with dflash and ddtree"):
         ServerSpec("e", "on", Path("/m"), draft=Path("/d"))
+    with pytest.raises(ValueError, match="budget must be at least 1, got 0"):
+        ServerSpec("t", "on", Path("/m"), speculation="ddtree", draft=Path("/d"), budget=0)
     with pytest.raises(ValueError, match="kv_dtype 'fp16'"):
         ServerSpec("e", "on", Path("/m"), kv_dtype="fp16")
     with pytest.raises(ValueError, match="speculation 'medusa'"):
@@ -276,7 +280,7 @@ def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsy
     assert "--draft-window is DFlash's: use it with --spec dflash" in err
     assert "--draft-window 15 is smaller than the block (16)" in err
     assert "--spec dflash needs --draft DIR" in err
-    assert "--draft is a DFlash draft: use it with --spec dflash" in err
+    assert "--draft is a DFlash draft: use it with --spec dflash or ddtree" in err
     assert "no config.json in the draft" in err and "--repeats must be at least 1, got 0" in err
     with pytest.raises(SystemExit):
         sglang_e2e.main([*base, "--kv-dtype", "fp16"])
@@ -447,3 +451,40 @@ def test_speed_json_says_whether_every_shape_was_measured(tmp_path) -> None:
     assert partial["ready_after_s"] == {"speed_on": 66.0}
     done = sglang_e2e.speed_result(args, config, None, records, None, {"speed_on": server}, True)
     assert done["complete"] is True
+
+
+def test_ddtree_flags_are_the_plugins() -> None:
+    """A DDTree server: the plugin's algorithm, the verify width budget + 1, no overlap."""
+    spec = ServerSpec(
+        "t", "on", Path("/m"), speculation="ddtree", draft=Path("/drafts/d16"), budget=64
+    )
+    flags = spec.flags(30006)
+    assert flags[flags.index("--speculative-algorithm") + 1] == "DDTREE"
+    assert flags[flags.index("--speculative-draft-model-path") + 1] == "/drafts/d16"
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == "65"
+    assert "--disable-overlap-schedule" in flags
+    assert "--speculative-eagle-topk" not in flags and "--speculative-num-steps" not in flags
+    described = spec.describe()
+    assert (described["spec"], described["budget"], described["draft"]) == ("ddtree", 64, "d16")
+    assert "block_size" not in described
+    specs = sglang_e2e.speed_specs(
+        Path("/m"), ["off", "on"], 0.2, (), speculation="ddtree", draft=Path("/d"), budget=8
+    )
+    assert {(s.spec, s.budget) for s in specs} == {("ddtree", 8)}
+
+
+def test_ddtree_options_are_refused_when_inconsistent(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path)]
+    draft = ["--draft", str(tmp_path)]
+    assert sglang_e2e.main([*base, "--spec", "ddtree"]) == 2
+    assert sglang_e2e.main([*base, "--spec", "ddtree", *draft, "--budget", "0"]) == 2
+    assert sglang_e2e.main([*base, "--spec", "ddtree", *draft, "--draft-window", "64"]) == 2
+    assert sglang_e2e.main([*base, "--budget", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "--spec ddtree needs --draft DIR" in err
+    assert "--budget must be at least 1, got 0" in err
+    assert "--draft-window is DFlash's: DDTree's draft reads the whole context" in err
+    assert "--budget is DDTree's: use it with --spec ddtree" in err
+    args = sglang_e2e.build_parser().parse_args([*base, "--spec", "ddtree", *draft])
+    assert args.budget == 16 and sglang_e2e.refusal(args) is None

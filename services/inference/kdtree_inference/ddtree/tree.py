@@ -82,28 +82,28 @@ def build_tree(
         raise ValueError(f"budget must be non-negative, got {budget}")
     depth, top_k = top_tokens.shape
     tokens, parents, depths, scores = [int(root_token)], [-1], [0], [0.0]
-    # (-score, order, parent node, depth of the candidate, rank of the candidate)
+    # (-score, order, parent node, depth of the candidate, rank of the candidate). Scores are
+    # sums, never differences, so a -inf log-probability (a token the draft rules out) stays
+    # -inf instead of turning into NaN.
     heap: list[tuple[float, int, int, int, int]] = []
     order = 0
     if depth > 0 and top_k > 0 and budget > 0:
         heap.append((-float(top_logprobs[0, 0]), order, 0, 1, 0))
     while heap and len(tokens) <= budget:
         neg_score, _, parent, level, rank = heapq.heappop(heap)
-        node = len(tokens)
+        node, score = len(tokens), -neg_score
         tokens.append(int(top_tokens[level - 1, rank]))
         parents.append(parent)
         depths.append(level)
-        scores.append(-neg_score)
+        scores.append(score)
         if level < depth:  # first child
             order += 1
-            heapq.heappush(
-                heap, (neg_score - float(top_logprobs[level, 0]), order, node, level + 1, 0)
-            )
+            child = score + float(top_logprobs[level, 0])
+            heapq.heappush(heap, (-child, order, node, level + 1, 0))
         if rank + 1 < top_k:  # next sibling
             order += 1
-            sibling = neg_score + float(top_logprobs[level - 1, rank])
-            sibling -= float(top_logprobs[level - 1, rank + 1])
-            heapq.heappush(heap, (sibling, order, parent, level, rank + 1))
+            sibling = scores[parent] + float(top_logprobs[level - 1, rank + 1])
+            heapq.heappush(heap, (-sibling, order, parent, level, rank + 1))
     return DraftTree(
         tokens=np.asarray(tokens, dtype=np.int64),
         parents=np.asarray(parents, dtype=np.int64),
