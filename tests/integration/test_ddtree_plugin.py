@@ -158,25 +158,26 @@ RESOLVE = textwrap.dedent(
     print("RESULT " + json.dumps(results))
     """
 )
-NO_OVERLAP = "--disable-overlap-schedule"
+SERVABLE = ("--disable-overlap-schedule", "--grammar-backend", "none")
 REFUSALS = {
-    "overlap": ((), {}, "--disable-overlap-schedule"),
-    "tp": ((NO_OVERLAP, "--tp-size", "2"), {}, "--tp-size 1"),
-    "page": ((NO_OVERLAP, "--page-size", "16"), {}, "--page-size 1"),
+    "overlap": (("--grammar-backend", "none"), {}, "--disable-overlap-schedule"),
+    "grammar": (("--disable-overlap-schedule",), {}, "--grammar-backend none"),
+    "tp": ((*SERVABLE, "--tp-size", "2"), {}, "--tp-size 1"),
+    "page": ((*SERVABLE, "--page-size", "16"), {}, "--page-size 1"),
     "window": (
-        (NO_OVERLAP, "--speculative-draft-window-size", "64"),
+        (*SERVABLE, "--speculative-draft-window-size", "64"),
         {},
         "--speculative-draft-window-size",
     ),
     "block": (
-        (NO_OVERLAP, "--speculative-dflash-block-size", "16"),
+        (*SERVABLE, "--speculative-dflash-block-size", "16"),
         {},
         "--speculative-dflash-block-size",
     ),
-    "width": ((NO_OVERLAP, "--speculative-num-draft-tokens", "1"), {}, "at least 2"),
+    "width": ((*SERVABLE, "--speculative-num-draft-tokens", "1"), {}, "at least 2"),
     # One candidate per depth: a 15-deep chain holds 15 nodes, not 16.
     "topk": (
-        (NO_OVERLAP, "--speculative-num-draft-tokens", "17"),
+        (*SERVABLE, "--speculative-num-draft-tokens", "17"),
         {"KDTREE_DDTREE_TOPK": "1"},
         "raise KDTREE_DDTREE_TOPK",
     ),
@@ -225,9 +226,9 @@ def test_server_args_resolution(tmp_path, draft):
     del config["dflash_config"]
     (plain / "config.json").write_text(json.dumps(config))
     cases = [
-        (draft, (NO_OVERLAP,), {}),
-        (draft, (NO_OVERLAP, "--speculative-num-draft-tokens", "65"), {}),
-        (plain, (NO_OVERLAP,), {}),
+        (draft, SERVABLE, {}),
+        (draft, (*SERVABLE, "--speculative-num-draft-tokens", "65"), {}),
+        (plain, SERVABLE, {}),
         *((draft, flags, env) for flags, env, _ in REFUSALS.values()),
     ]
     default, wide, no_dflash_config, *refused = resolve_all(tmp_path, cases)

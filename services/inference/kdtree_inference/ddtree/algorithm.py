@@ -85,6 +85,11 @@ def check_server_args(server_args: Any) -> None:
         refuse("dp attention is not supported; drop --enable-dp-attention")
     if int(server_args.page_size or 1) != 1:
         refuse("it moves accepted KV token by token; run with --page-size 1")
+    if str(server_args.grammar_backend or "xgrammar") != "none":
+        refuse(
+            "its tree verify takes no grammar constraints; add --grammar-backend none (structured "
+            "output requests then fail instead of being served unconstrained)"
+        )
     if server_args.speculative_draft_window_size is not None:
         refuse("the draft window is not supported; drop --speculative-draft-window-size")
     if server_args.speculative_dflash_block_size is not None:
