@@ -5,7 +5,10 @@
 draft borrows the target's embedding and LM head, and the server uses the target's tokenizer.
 
 The target gets a DFlash draft with ``--speculative-algorithm DFLASH
---speculative-draft-model-path OUT --speculative-num-draft-tokens 16``. Each step, SGLang embeds
+--speculative-draft-model-path OUT --speculative-num-draft-tokens 16``, and the same draft serves
+DDTree (``--speculative-algorithm DDTREE``, kdtree's plugin), which takes each block position's
+top-k instead of its argmax: since every position's hidden state is the same here (below), each
+depth of its tree offers the same candidates, the target's likeliest next tokens after the bonus. Each step, SGLang embeds
 the block ``[bonus, mask, ..., mask]`` (``block_size`` tokens; the bonus is the last token the
 target chose) with the target's embedding and runs the draft over it: non-causal attention over
 the block plus a KV cache of the whole committed context. That cache is written from the target's

@@ -109,6 +109,12 @@ class InferenceSettings(BaseSettings):
         "`KDTREE_VERIFY=on`; logged as a warning at start (the engine also shows it in "
         "`/model_info`); a malformed value is refused (exit 2)",
     )
+    ddtree_topk: int = Field(
+        8,
+        ge=1,
+        description="`--speculative-algorithm DDTREE`: candidates per depth of the draft tree "
+        "(its node budget is SGLang's `--speculative-num-draft-tokens` minus 1)",
+    )
     sglang_launcher: str | None = Field(
         None,
         description="the command `kdtree-serve` execs (split like a shell), followed by its "

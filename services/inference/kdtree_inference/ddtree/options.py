@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 TOPK_ENV = "KDTREE_DDTREE_TOPK"
-DEFAULT_TOPK = 8
 BUDGET_FLAG = "--speculative-ddtree-budget"
 TOPK_FLAG = "--speculative-ddtree-topk"
 WIDTH_FLAG = "--speculative-num-draft-tokens"
@@ -22,11 +21,10 @@ class DDTreeFlagError(ValueError):
 
 
 def ddtree_topk(env: Mapping[str, str]) -> int:
-    """Candidates per depth (``KDTREE_DDTREE_TOPK``, default 8)."""
-    raw = env.get(TOPK_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TOPK
-    return _positive(raw, TOPK_ENV)
+    """Candidates per depth: ``KDTREE_DDTREE_TOPK`` (``InferenceSettings.ddtree_topk``)."""
+    from ..settings import InferenceSettings
+
+    return InferenceSettings.from_env(env).ddtree_topk
 
 
 def _positive(raw: str, name: str) -> int:
