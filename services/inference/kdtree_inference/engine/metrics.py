@@ -12,7 +12,7 @@ class EngineMetrics:
         self.attention = attention
         self.requests = Counter(
             "kdtree_engine_requests",
-            "HTTP requests to /generate and /v1/completions, by response status",
+            "HTTP requests to /generate, /v1/completions and /v1/chat/completions, by response status",
             [*labels, "status"],
             registry=self.registry,
         )
