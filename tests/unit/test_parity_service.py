@@ -106,7 +106,7 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path, monkeypatch: pytest.Mo
     env = {"KDTREE_PARITY_TOKEN": "t", "KDTREE_PARITY_BASELINE_URL": "http://b:1"}
     s = from_env(monkeypatch, env)
     assert s.token == "t" and s.pairs["default"].baseline == "http://b:1"
-    assert s.pairs["default"].candidate == "http://127.0.0.1:30001"  # the documented default
+    assert s.pairs["default"].candidate == "http://127.0.0.1:30002"  # the documented default
     pairs = tmp_path / "pairs.yaml"
     pairs.write_text(
         "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
