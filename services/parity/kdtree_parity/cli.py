@@ -52,6 +52,7 @@ from kdtree_parity.store import (
     Store,
     StoreError,
 )
+from kdtree_parity.version import add_version_flag
 
 EXIT: dict[RunStatus, ExitCode] = {
     "passed": ExitCode.PASSED,
@@ -90,6 +91,7 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
         description="Replay a corpus against a baseline and a candidate inference server, compare "
         "greedy outputs token by token against A/A noise, and decide by a policy.",
     )
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     # The flags of NEW_RUN_FLAGS default to None here and to the settings in _run, so that a

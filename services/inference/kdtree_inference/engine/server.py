@@ -10,6 +10,7 @@ import torch
 
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
+from ..version import add_version_flag
 from .config import (
     ATTENTION_BACKENDS,
     EngineConfig,
@@ -29,6 +30,7 @@ def build_parser(settings: InferenceSettings | None = None) -> argparse.Argument
         description="kdtree's embedded reference inference server: a tiny DeepSeek-V3-shaped MLA "
         "model behind SGLang's HTTP API, with tree speculative decoding over the verify op.",
     )
+    add_version_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=30000, help="port (SGLang's default 30000)")
     p.add_argument(

@@ -13,6 +13,7 @@ launcher prints the active KDTREE_VERIFY mode and, when the mode needs the kerne
   ``extension``).
 
 ``--help`` (``-h``) skips those checks: SGLang prints its arguments and starts nothing.
+``--version`` alone prints kdtree-inference's version and the installed SGLang's.
 ``kdtree-serve kdtree-selfcheck [ARGS]`` runs ``kdtree-selfcheck [ARGS]`` instead (the image's
 entrypoint is kdtree-serve, so ``docker run IMAGE kdtree-selfcheck`` works as typed).
 
@@ -29,6 +30,7 @@ from importlib.metadata import entry_points
 
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
+from ..version import package_version, version_line
 from .modes import SettingsError, VerifyMode, VerifySettings
 
 PLUGIN_GROUP = "sglang.srt.plugins"
@@ -110,6 +112,10 @@ def preflight(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:
+        # Ours and the SGLang it launches; nothing is started.
+        print(f"{version_line('kdtree-serve')} (sglang {package_version('sglang')})")
+        return ExitCode.OK
     if args[:1] == [SELFCHECK]:
         # The image's entrypoint is kdtree-serve: `docker run IMAGE kdtree-selfcheck ...` lands here.
         from ..selfcheck import main as selfcheck
