@@ -543,6 +543,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn  # the service's imports are only paid for by `serve`
 
+    from kdtree_parity.logs import log_config
     from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app
 
     try:
@@ -552,7 +553,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return ExitCode.ERROR
     # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
     # too), so a client never reuses a connection the service is closing at that moment.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_keep_alive=75)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=log_config(),  # JSON lines, run events included (kdtree_parity.logs)
+        log_level="info",
+        timeout_keep_alive=75,
+    )
     return ExitCode.PASSED
 
 
