@@ -96,6 +96,8 @@ class EngineAPI:
         self.engine = engine
         self.metrics = metrics
         engine.step_listeners.append(metrics.on_verify_step)
+        engine.step_listeners.append(self._publish_validation)
+        self._validate_calls = 0
         self.app = FastAPI(title="kdtree reference engine", exception_handlers=EXCEPTION_RESPONSES)
         self.app.state.api = self
         self.app.add_middleware(_CountGenerationRequests, api=self)
@@ -104,6 +106,17 @@ class EngineAPI:
         from .openai_api import router as openai_router
 
         self.app.include_router(openai_router)
+
+    def _publish_validation(self, *_step: object) -> None:
+        """validate: publish the comparison the verify step just made (scheduler thread)."""
+        backend = self.engine.model.attention if self.engine.model is not None else None
+        if backend is None or backend.name != "validate":
+            return
+        calls, self._validate_calls = (
+            backend.validate_calls - self._validate_calls,
+            backend.validate_calls,
+        )
+        self.metrics.publish_validation(backend.take_window(), calls)
 
     # ---- response building ----------------------------------------------------------------
     def _logprob_triples(

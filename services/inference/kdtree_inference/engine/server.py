@@ -10,6 +10,7 @@ import torch
 
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
+from ..sglang.modes import VerifySettings
 from ..version import add_version_flag
 from .config import (
     ATTENTION_BACKENDS,
@@ -149,6 +150,9 @@ def config_from_args(
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     attention = args.attention or default_attention_backend(device, settings.verify)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    # The SGLang backend's comparison tolerance (its bf16-pool default unless configured).
+    tolerance = VerifySettings(atol=settings.verify_atol, rtol=settings.verify_rtol)
+    tolerance = tolerance.resolved_for_pool(fp8_pool=False)
     model = ModelConfig(
         seed=args.seed,
         num_layers=args.num_layers,
@@ -179,6 +183,8 @@ def config_from_args(
         warmup_delay_s=args.warmup_delay,
         attention_kv_splits=args.attention_kv_splits,
         decode_step_delay_s=args.decode_step_delay,
+        validate_atol=tolerance.atol,
+        validate_rtol=tolerance.rtol,
     )
 
 
@@ -192,7 +198,8 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     from .scheduler import Engine
 
     engine = Engine(config)
-    api = EngineAPI(engine, EngineMetrics(config.attention))
+    tolerance = (config.validate_atol, config.validate_rtol)
+    api = EngineAPI(engine, EngineMetrics(config.attention, tolerance))
     server = uvicorn.Server(
         uvicorn.Config(
             api.app,
