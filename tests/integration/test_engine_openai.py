@@ -178,10 +178,12 @@ def test_the_openai_client_runs_unchanged(url: str) -> None:
         model=model.id, messages=MESSAGES, temperature=0, max_tokens=12, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
-    completion = oa.completions.create(
+    whole = oa.completions.create(model=model.id, prompt="abc", max_tokens=5, temperature=0)
+    assert whole.usage.completion_tokens == 5 and whole.choices[0].finish_reason == "length"
+    stream = oa.completions.create(
         model=model.id, prompt="abc", max_tokens=5, temperature=0, stream=True
     )
-    assert len("".join(c.choices[0].text for c in completion).encode()) >= 1
+    assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text
 
 
 @pytest.mark.parametrize(
