@@ -126,9 +126,9 @@ def test_over_tolerance_fires_for_the_faulty_engine_only(
             # A few more evaluations: the clean engine must stay out of it all along.
             time.sleep(3)
             alerts = prom.get("/api/v1/alerts").json()["data"]["alerts"]
-            clean_seen = _query(
-                prom, f'kdtree_verify_compared_elements_total{{instance="{targets["clean"]}"}}'
-            )
+            clean = f'instance="{targets["clean"]}"'
+            clean_seen = _query(prom, f"kdtree_verify_compared_elements_total{{{clean}}}")
+            clean_over = _query(prom, f"kdtree_verify_over_tolerance_total{{{clean}}}")
             up = _query(prom, 'up{job="kdtree-engine"}')
             results = {expr: _query(prom, expr.replace("$__rate_interval", "1m"))
                        for expr in dashboard_exprs()}  # fmt: skip
@@ -142,6 +142,8 @@ def test_over_tolerance_fires_for_the_faulty_engine_only(
     assert [a["labels"]["instance"] for a in alerts] == [targets["faulty"]]
     # The clean engine was scraped and compared real traffic: its silence means something.
     assert float(clean_seen[0]["value"][1]) > 0
+    assert sorted(s["metric"]["layer"] for s in clean_over) == ["0", "1"]
+    assert all(float(s["value"][1]) == 0 for s in clean_over)
     assert sorted(float(s["value"][1]) for s in up) == [1.0, 1.0]
     # Every dashboard query runs; those on metrics the engines export return series.
     absent_here = ("fallbacks", "shadow_errors", "kdtree_parity_")

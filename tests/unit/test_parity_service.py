@@ -178,3 +178,13 @@ def test_request_fields_must_be_strings_and_the_scheme_is_case_insensitive(
     assert resp.json()["detail"] == "the request body must be a JSON object"
     assert client.post("/runs", content=b"{not json").status_code == 401  # the token comes first
     assert client.get("/runs").json() == []
+
+
+def test_metrics_the_alerts_watch_exist_at_zero_before_any_run(client: TestClient) -> None:
+    # Prometheus sees no increase in a counter whose first sample is already above 0
+    # (deploy/monitoring/kdtree-alerts.yml watches these for increases).
+    metrics = client.get("/metrics").text
+    for status in ("passed", "failed", "error", "interrupted"):
+        assert f'kdtree_parity_runs_total{{status="{status}"}} 0.0' in metrics
+    for klass in ("exact", "near_tie", "hard", "error"):
+        assert f'kdtree_parity_prompts_total{{klass="{klass}"}} 0.0' in metrics

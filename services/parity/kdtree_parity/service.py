@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar, get_args
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kdtree_parity.compare import DivergenceClass
 from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
 from kdtree_parity.logs import PROGRESS_EVERY_S, event
 from kdtree_parity.policy import PolicyError, load_policy
@@ -56,7 +57,14 @@ from kdtree_parity.runner import (
     start_run,
 )
 from kdtree_parity.settings import ParitySettings, load_settings
-from kdtree_parity.store import AsyncStore, LeaseLost, PairBusy, RunRecord, Store
+from kdtree_parity.store import (
+    FINAL_STATUSES,
+    AsyncStore,
+    LeaseLost,
+    PairBusy,
+    RunRecord,
+    Store,
+)
 from kdtree_parity.yaml_load import load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
@@ -279,6 +287,12 @@ class _Metrics:
             ["klass"],
             registry=self.registry,
         )
+        # The series the alert rules watch for increases exist at 0 from the start: Prometheus
+        # sees no increase in a counter whose first sample is already above 0.
+        for status in FINAL_STATUSES:
+            self.runs.labels(status)
+        for klass in PROMPT_CLASSES:
+            self.prompts.labels(klass)
         self.errors = Counter(
             "kdtree_parity_request_errors_total",
             "failed requests (after retries) by role and kind",
@@ -291,6 +305,9 @@ class _Metrics:
             if outcome.error is not None:
                 self.errors.labels(role, outcome.error.kind).inc()
         self.prompts.labels(prompt_class(result)).inc()
+
+
+PROMPT_CLASSES = ("exact", *get_args(DivergenceClass), "error")
 
 
 def prompt_class(result: PromptResult) -> str:
