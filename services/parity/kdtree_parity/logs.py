@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pythonjsonlogger.core import RESERVED_ATTRS
-
 EVENTS = logging.getLogger("kdtree_parity.service")
 PROGRESS_EVERY_S = 5.0
 
@@ -32,6 +30,10 @@ def event(name: str, **fields: Any) -> None:
 
 def log_config(level: str = "INFO") -> dict[str, Any]:
     """A ``logging.config.dictConfig`` (uvicorn's ``log_config``) writing JSON lines to stderr."""
+    # Only the service's own process needs the formatter (its module loads lazily, so a GPU
+    # machine's payload without it can still run the gate from the command line).
+    from pythonjsonlogger.core import RESERVED_ATTRS
+
     handler = {"handlers": ["stderr"], "level": level, "propagate": False}
     return {
         "version": 1,
