@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .api import SSE_DONE, EngineAPI, Serving, StreamFailed, engine_api, sse_event
+from .api import SSE_DONE, EngineAPI, Serving, StreamFailed, sse_event
 from .chat import ChatError, render_chat
 from .protocol import (
     ChatCompletionRequestModel,
@@ -145,7 +145,8 @@ def _streaming(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
 
 # ---- /v1/models -------------------------------------------------------------------------------
 @router.get("/v1/models")
-async def models(api: Annotated[EngineAPI, Depends(engine_api)]) -> dict[str, Any]:
+async def models(api: Serving) -> dict[str, Any]:
+    """503 while the engine starts: clients (sglang.bench_serving) poll it for readiness."""
     cfg = api.engine.config
     return {
         "object": "list",
