@@ -30,5 +30,21 @@ elif command -v apt-get >/dev/null 2>&1; then
 else
   echo "WARNING: no chromium and no apt-get: tests/integration/test_parity_engines.py will fail" >&2
 fi
+step "prometheus and promtool (the monitoring kit's tests run a real Prometheus)"
+# Debian's package, unpacked into the venv rather than installed: its install would start a
+# Prometheus daemon, and the tests start their own. Both binaries are static Go programs.
+if [ -x "$VENV/bin/prometheus" ] && [ -x "$VENV/bin/promtool" ]; then
+  echo "present: $("$VENV/bin/prometheus" --version 2>&1 | head -n 1)"
+elif command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+  sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -q
+  unpack=$(mktemp -d)
+  (cd "$unpack" && apt-get download -q prometheus && dpkg-deb -x prometheus_*.deb root)
+  install -m 0755 "$unpack/root/usr/bin/prometheus" "$unpack/root/usr/bin/promtool" "$VENV/bin/"
+  rm -rf "$unpack"
+  echo "installed: $("$VENV/bin/prometheus" --version 2>&1 | head -n 1)"
+else
+  echo "WARNING: no apt-get: put prometheus and promtool on PATH, or tests/unit/test_monitoring.py and tests/integration/test_monitoring_prometheus.py fail" >&2
+fi
 touch "$VENV/.setup-done"
 step "done: $("$VENV/bin/python" -c 'import torch, sglang; print("torch", torch.__version__, "sglang", sglang.__version__)')"

@@ -15,11 +15,14 @@ def test_health_is_503_until_warm_then_200(reference_server) -> None:
     assert "starting" in not_ready.json()["error"]["message"]
     early = httpx.post(url + "/generate", json={"text": "hi"}, timeout=5)
     assert early.status_code == 503
+    # What sglang.bench_serving polls before it starts (its readiness check).
+    assert httpx.get(url + "/v1/models", timeout=5).status_code == 503
     for _ in range(200):
         if httpx.get(url + "/health", timeout=5).status_code == 200:
             break
         time.sleep(0.1)
     assert httpx.get(url + "/health", timeout=5).status_code == 200
+    assert httpx.get(url + "/v1/models", timeout=5).status_code == 200
 
 
 def test_fault_layer_makes_a_different_model(reference_server) -> None:

@@ -3,6 +3,7 @@ against real reference-engine servers: auth, one run at a time, progress, report
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -82,7 +83,23 @@ def test_service_runs_the_gate_for_its_configured_pair(parity_service) -> None:
     # Stopping the service mid-run records that run as interrupted, never as passed.
     proc.terminate()
     proc.wait(timeout=30)  # uvicorn shuts down gracefully, then re-raises SIGTERM (-15)
-    assert "Application shutdown complete" in (tmp_path / "service.log").read_text()
+    lines = [json.loads(line) for line in (tmp_path / "service.log").read_text().splitlines()]
+    assert any(line["message"] == "Application shutdown complete." for line in lines)
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    events = [line for line in lines if line["logger"] == "kdtree_parity.service"]
+    first = [e for e in events if e.get("run_id") == run["id"]]
+    assert first[0]["message"] == "run_started"
+    assert first[0]["prompts"] == 6 and first[0]["pair"] == "default"
+    assert set(first[0]["targets"]) == {"baseline", "candidate", "aa"}
+    progress = [e for e in first if e["message"] == "run_progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == 6
+    assert progress[-1]["classes"] == {"exact": 6} and progress[-1]["request_errors"] == 0
+    (end,) = [e for e in first if e["message"] == "run_finished"]
+    assert end["status"] == "passed" and end["verdict"] == "pass" and end["reasons"] == []
+    assert end["report"] == str(tmp_path / "out" / run["id"] / "report.json")
+    assert first[-1] is end and end["duration_s"] > 0
+    (cut,) = [e for e in events if e["message"] == "run_finished" and e["run_id"] != run["id"]]
+    assert cut["status"] == "interrupted" and cut["verdict"] is None
     store = Store(tmp_path / "runs.sqlite3")
     record = store.get_run(again.json()["id"])
     assert record.status == "interrupted" and record.verdict is None

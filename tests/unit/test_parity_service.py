@@ -106,7 +106,7 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path, monkeypatch: pytest.Mo
     env = {"KDTREE_PARITY_TOKEN": "t", "KDTREE_PARITY_BASELINE_URL": "http://b:1"}
     s = from_env(monkeypatch, env)
     assert s.token == "t" and s.pairs["default"].baseline == "http://b:1"
-    assert s.pairs["default"].candidate == "http://127.0.0.1:30001"  # the documented default
+    assert s.pairs["default"].candidate == "http://127.0.0.1:30002"  # the documented default
     pairs = tmp_path / "pairs.yaml"
     pairs.write_text(
         "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
@@ -178,3 +178,13 @@ def test_request_fields_must_be_strings_and_the_scheme_is_case_insensitive(
     assert resp.json()["detail"] == "the request body must be a JSON object"
     assert client.post("/runs", content=b"{not json").status_code == 401  # the token comes first
     assert client.get("/runs").json() == []
+
+
+def test_metrics_the_alerts_watch_exist_at_zero_before_any_run(client: TestClient) -> None:
+    # Prometheus sees no increase in a counter whose first sample is already above 0
+    # (deploy/monitoring/kdtree-alerts.yml watches these for increases).
+    metrics = client.get("/metrics").text
+    for status in ("passed", "failed", "error", "interrupted"):
+        assert f'kdtree_parity_runs_total{{status="{status}"}} 0.0' in metrics
+    for klass in ("exact", "near_tie", "hard", "error"):
+        assert f'kdtree_parity_prompts_total{{klass="{klass}"}} 0.0' in metrics

@@ -23,8 +23,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_defaults_and_every_field_is_described(clean_env: pytest.MonkeyPatch) -> None:
     settings = load_settings()
-    assert settings.baseline_url == "http://127.0.0.1:30000"
-    assert settings.candidate_url == "http://127.0.0.1:30001"
+    assert settings.baseline_url == "http://127.0.0.1:30001"
+    assert settings.candidate_url == "http://127.0.0.1:30002"
     assert (settings.corpus, settings.policy) == ("default", "default")
     assert (settings.db, settings.out) == ("runs/parity.sqlite3", "runs/parity")
     assert (settings.lease_s, settings.token, settings.pairs) == (60.0, "", "")

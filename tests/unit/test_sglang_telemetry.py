@@ -108,3 +108,15 @@ def test_metrics_reach_a_multiprocess_collector(tmp_path):
     assert sample("kdtree_verify_max_abs_error", layer="7") == 0.25
     assert sample("kdtree_verify_over_tolerance_total", layer="7") == 3
     assert "kdtree_verify_mode" in text
+
+
+def test_the_series_alerts_watch_exist_at_zero_before_anything_happens():
+    # Prometheus sees no increase in a counter whose first sample is already above 0, so the
+    # alert rules (deploy/monitoring) need these at 0 from the start.
+    registry = CollectorRegistry()
+    telemetry = VerifyTelemetry(VerifySettings(VerifyMode.ON), tp_rank=3, registry=registry)
+    assert value(registry, "kdtree_verify_shadow_errors_total") == 0
+    assert value(registry, "kdtree_verify_fallbacks_total", reason="invalid_inputs") == 0
+    telemetry.publish(step=1, stats=stats(over=0))
+    assert value(registry, "kdtree_verify_over_tolerance_total", layer="0") == 0
+    assert value(registry, "kdtree_verify_over_tolerance_total", layer="1") == 0

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from .exit_codes import ExitCode
+from .version import add_version_flag
 
 SCHEMA = "kdtree.selfcheck/v1"
 DEFAULT_OUT = "kdtree-selfcheck"
@@ -297,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the kdtree kernel's correctness cases and a short benchmark against "
         "SGLang's Triton path on this machine's GPU; write selfcheck.json and selfcheck.md.",
     )
+    add_version_flag(parser)
     parser.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help="report directory")
     parser.add_argument("--warmup", type=_positive, default=10, help="untimed calls per shape")
     parser.add_argument("--repeats", type=_positive, default=50, help="timed calls per shape")

@@ -52,6 +52,7 @@ from kdtree_parity.store import (
     Store,
     StoreError,
 )
+from kdtree_parity.version import add_version_flag
 
 EXIT: dict[RunStatus, ExitCode] = {
     "passed": ExitCode.PASSED,
@@ -90,6 +91,7 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
         description="Replay a corpus against a baseline and a candidate inference server, compare "
         "greedy outputs token by token against A/A noise, and decide by a policy.",
     )
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     # The flags of NEW_RUN_FLAGS default to None here and to the settings in _run, so that a
@@ -541,6 +543,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn  # the service's imports are only paid for by `serve`
 
+    from kdtree_parity.logs import log_config
     from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app
 
     try:
@@ -550,7 +553,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return ExitCode.ERROR
     # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
     # too), so a client never reuses a connection the service is closing at that moment.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_keep_alive=75)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=log_config(),  # JSON lines, run events included (kdtree_parity.logs)
+        log_level="info",
+        timeout_keep_alive=75,
+    )
     return ExitCode.PASSED
 
 

@@ -16,13 +16,15 @@ Endpoints: ``POST /runs``, ``GET /runs``, ``GET /runs/{id}`` (status and progres
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar, get_args
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -40,7 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kdtree_parity.compare import DivergenceClass
 from kdtree_parity.corpus import BUILTIN_CORPORA, CorpusError, load_corpus
+from kdtree_parity.logs import PROGRESS_EVERY_S, event
 from kdtree_parity.policy import PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
@@ -53,7 +57,14 @@ from kdtree_parity.runner import (
     start_run,
 )
 from kdtree_parity.settings import ParitySettings, load_settings
-from kdtree_parity.store import AsyncStore, LeaseLost, PairBusy, RunRecord, Store
+from kdtree_parity.store import (
+    FINAL_STATUSES,
+    AsyncStore,
+    LeaseLost,
+    PairBusy,
+    RunRecord,
+    Store,
+)
 from kdtree_parity.yaml_load import load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
@@ -276,6 +287,12 @@ class _Metrics:
             ["klass"],
             registry=self.registry,
         )
+        # The series the alert rules watch for increases exist at 0 from the start: Prometheus
+        # sees no increase in a counter whose first sample is already above 0.
+        for status in FINAL_STATUSES:
+            self.runs.labels(status)
+        for klass in PROMPT_CLASSES:
+            self.prompts.labels(klass)
         self.errors = Counter(
             "kdtree_parity_request_errors_total",
             "failed requests (after retries) by role and kind",
@@ -287,9 +304,16 @@ class _Metrics:
         for role, outcome in result.outcomes.items():
             if outcome.error is not None:
                 self.errors.labels(role, outcome.error.kind).inc()
-        c = result.candidate
-        klass = "error" if c is None else "exact" if c.exact else c.divergence_class or "hard"
-        self.prompts.labels(klass).inc()
+        self.prompts.labels(prompt_class(result)).inc()
+
+
+PROMPT_CLASSES = ("exact", *get_args(DivergenceClass), "error")
+
+
+def prompt_class(result: PromptResult) -> str:
+    """The candidate-vs-baseline class of one prompt: exact, a divergence class, or error."""
+    c = result.candidate
+    return "error" if c is None else "exact" if c.exact else c.divergence_class or "hard"
 
 
 def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
@@ -419,8 +443,8 @@ async def create_run(
         )
     except PairBusy as exc:
         raise HTTPException(409, str(exc)) from None
-    _launch(state, run_id)
     record = await state.store.call(Store.get_run, run_id)
+    _launch(state, record)
     return JSONResponse(_run_json(record, state.live), status_code=202)
 
 
@@ -436,16 +460,68 @@ def _prepare(state: ServiceState, corpus_spec: str, targets: Targets) -> Prepare
         raise HTTPException(400, str(exc)) from None
 
 
-def _launch(state: ServiceState, run_id: str) -> None:
-    """Execute the recorded run as a task of this process, counted in /metrics."""
-    live, metrics = state.live, state.metrics
+def _launch(state: ServiceState, record: RunRecord) -> None:
+    """Execute the recorded run as a task of this process, counted in /metrics and logged as
+    events (``logs``: run_started, run_progress, run_finished)."""
+    live, metrics, run_id = state.live, state.metrics, record.id
     live.done[run_id] = 0
     metrics.running.inc()
+    started = time.monotonic()
+    event(
+        "run_started",
+        run_id=run_id,
+        pair=record.pair,
+        prompts=record.prompts_total,
+        corpus=record.corpus_source,
+        corpus_sha256=record.corpus_sha256,
+        policy=record.policy_source,
+        targets={role: url for role, (url, _) in record.targets.items()},
+    )
+    classes: collections.Counter[str] = collections.Counter()
+    request_errors = 0
+    last_logged = started
 
-    def progress(done: int, _total: int, result: PromptResult | None) -> None:
+    def progress(done: int, total: int, result: PromptResult | None) -> None:
+        nonlocal request_errors, last_logged
         live.done[run_id] = done
         if result is not None:
             metrics.record(result)
+            classes[prompt_class(result)] += 1
+            request_errors += sum(o.error is not None for o in result.outcomes.values())
+        now = time.monotonic()
+        if done == total or now - last_logged >= PROGRESS_EVERY_S:
+            last_logged = now
+            event(
+                "run_progress",
+                run_id=run_id,
+                done=done,
+                total=total,
+                classes=dict(classes),
+                request_errors=request_errors,
+            )
+
+    async def finished(status: str) -> None:
+        verdict, error, report = None, None, None
+        if status != "interrupted":  # else the store may be closing with the service
+            final = await state.run_store.call(Store.get_run, run_id)
+            verdict, error = final.verdict, final.error
+            if final.out_dir:
+                path = Path(final.out_dir) / run_id / "report.json"
+                report = str(path) if path.is_file() else None
+        event(
+            "run_finished",
+            run_id=run_id,
+            status=status,
+            verdict=verdict["status"] if verdict else None,
+            reasons=[
+                {key: r[key] for key in ("rule", "outcome", "message")}
+                for r in (verdict or {}).get("reasons", [])
+                if r["outcome"] != "pass"
+            ],
+            error=error,
+            report=report,
+            duration_s=round(time.monotonic() - started, 3),
+        )
 
     async def run() -> None:
         status = "error"
@@ -463,6 +539,10 @@ def _launch(state: ServiceState, run_id: str) -> None:
             metrics.running.dec()
             metrics.runs.labels(status).inc()
             live.tasks.pop(run_id, None)
+            try:
+                await finished(status)
+            except Exception:  # the run's end is stored either way; only its log line is lost
+                log.exception("run %s: could not log its end", run_id)
 
     live.tasks[run_id] = asyncio.create_task(run(), name=f"parity-run-{run_id}")
 

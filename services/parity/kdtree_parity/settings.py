@@ -23,8 +23,9 @@ class ParitySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    baseline_url: str = Field("http://127.0.0.1:30000", description="baseline inference server")
-    candidate_url: str = Field("http://127.0.0.1:30001", description="candidate inference server")
+    # The ports `make up` publishes the gate pair on (docs/operations.md, "Ports").
+    baseline_url: str = Field("http://127.0.0.1:30001", description="baseline inference server")
+    candidate_url: str = Field("http://127.0.0.1:30002", description="candidate inference server")
     replica_url: str = Field(
         "", description="optional second baseline for A/A noise (else the baseline twice)"
     )

@@ -1,4 +1,5 @@
-"""HTTP API in SGLang 0.5.23's shapes: /generate, /health, /model_info, /metrics, /v1/completions.
+"""HTTP API in SGLang 0.5.23's shapes: /generate, /health, /model_info, /metrics (the OpenAI
+routes are in ``openai_api``).
 
 Responses are built the way SGLang's TokenizerManager builds them (``meta_info`` keys, logprob
 triples ``(logprob, token_id, text_or_None)``, finish reasons ``{"type": "length", "length": n}`` /
@@ -16,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import uuid
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .chat import HF_TOKENIZER_DIR
 from .protocol import (
-    CompletionRequestModel,
     GenerateRequestModel,
     RequestError,
     build_requests,
@@ -43,7 +43,7 @@ from .scheduler import (
 log = logging.getLogger("kdtree_inference.engine.api")
 
 
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming request checks its client
 CLIENT_CLOSED = 499  # nginx's "client closed request": what an aborted request is counted as
 # meta_info lists that an incremental stream sends per segment (SGLang's
@@ -96,10 +96,27 @@ class EngineAPI:
         self.engine = engine
         self.metrics = metrics
         engine.step_listeners.append(metrics.on_verify_step)
+        engine.step_listeners.append(self._publish_validation)
+        self._validate_calls = 0
         self.app = FastAPI(title="kdtree reference engine", exception_handlers=EXCEPTION_RESPONSES)
         self.app.state.api = self
         self.app.add_middleware(_CountGenerationRequests, api=self)
         self.app.include_router(router)
+        # Imported here: the OpenAI routes are built on this module's EngineAPI.
+        from .openai_api import router as openai_router
+
+        self.app.include_router(openai_router)
+
+    def _publish_validation(self, *_step: object) -> None:
+        """validate: publish the comparison the verify step just made (scheduler thread)."""
+        backend = self.engine.model.attention if self.engine.model is not None else None
+        if backend is None or backend.name != "validate":
+            return
+        calls, self._validate_calls = (
+            backend.validate_calls - self._validate_calls,
+            backend.validate_calls,
+        )
+        self.metrics.publish_validation(backend.take_window(), calls)
 
     # ---- response building ----------------------------------------------------------------
     def _logprob_triples(
@@ -156,7 +173,7 @@ class EngineAPI:
                 meta["spec_verify_ct"] = res.spec_verify_ct
         return meta
 
-    def _output(self, req: GenerationRequest, res: GenerationResult, with_text: bool) -> dict:
+    def output(self, req: GenerationRequest, res: GenerationResult, with_text: bool) -> dict:
         return {
             "text": res.text,
             "output_ids": list(res.output_ids),
@@ -207,7 +224,7 @@ class EngineAPI:
         return {
             "model_path": cfg.model_path,
             "served_model_name": cfg.model_path,
-            "tokenizer_path": "byte-level",
+            "tokenizer_path": str(HF_TOKENIZER_DIR),
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": "default",
@@ -262,150 +279,92 @@ class EngineAPI:
                 raise RequestError("stream is supported for single prompts only")
             return self._stream(requests[0], with_text, request)
         results = await self.run(requests, request)
-        outputs = [
-            self._output(r, res, with_text) for r, res in zip(requests, results, strict=True)
-        ]
+        outputs = [self.output(r, res, with_text) for r, res in zip(requests, results, strict=True)]
         return JSONResponse(outputs if is_batch else outputs[0])
 
-    async def complete(self, oa: CompletionRequestModel, request: Request) -> dict[str, Any]:
-        if oa.stream:
-            raise RequestError("stream is not supported on /v1/completions here")
-        if oa.n != 1 or oa.echo:
-            raise RequestError("n > 1 and echo are not supported by the reference engine")
-        if oa.logprobs is not None and not 0 <= oa.logprobs <= 20:
-            raise RequestError(f"logprobs must be in [0, 20], got {oa.logprobs}")
-        prompt = oa.prompt
-        key = (
-            "text"
-            if isinstance(prompt, str)
-            or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str))
-            else "input_ids"
-        )
-        sampling = {
-            "max_new_tokens": oa.max_tokens,
-            "temperature": oa.temperature,
-            "top_p": oa.top_p,
-            "stop": oa.stop,
-            "ignore_eos": oa.ignore_eos,
-            "sampling_seed": oa.seed,
-        }
-        if oa.top_k is not None:
-            sampling["top_k"] = oa.top_k
-        gen_body = GenerateRequestModel.model_validate(
-            {
-                key: prompt,
-                "sampling_params": sampling,
-                "return_logprob": oa.logprobs is not None,
-                "top_logprobs_num": oa.logprobs or 0,
-            }
-        )
-        requests, _ = build_requests(gen_body, self.engine.config, self.engine.tokenizer)
-        results = await self.run(requests, request)
-        return self._completion_response(oa, requests, results)
-
-    def _completion_response(
-        self,
-        oa: CompletionRequestModel,
-        requests: list[GenerationRequest],
-        results: list[GenerationResult],
-    ) -> dict:
-        tok = self.engine.tokenizer
-        choices = []
-        for i, (req, res) in enumerate(zip(requests, results, strict=True)):
-            reason = res.finish_reason or {}
-            logprobs = None
-            if req.return_logprob:
-                logprobs = {
-                    "tokens": [tok.token_text(t) for t in res.output_ids],
-                    "token_logprobs": [lp for lp, _ in res.output_token_logprobs],
-                    "top_logprobs": [
-                        {tok.token_text(t): lp for lp, t in top} for top in res.output_top_logprobs
-                    ],
-                    "text_offset": [],
-                }
-            choices.append(
-                {
-                    "index": i,
-                    "text": res.text,
-                    "logprobs": logprobs,
-                    "finish_reason": reason.get("type"),
-                    "matched_stop": reason.get("matched"),
-                }
-            )
-        prompt_tokens = sum(r.prompt_tokens for r in results)
-        completion_tokens = sum(len(r.output_ids) for r in results)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": oa.model or self.engine.config.model_path,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
-
-    def _stream(
-        self, req: GenerationRequest, with_text: bool, client: Request
-    ) -> StreamingResponse:
-        """SSE as SGLang streams: with ``incremental_streaming_output`` (the default here) each
-        event carries only the new text, ``output_ids`` and output logprobs (SGLang's
-        --incremental-streaming-output), else the whole output so far (SGLang's default). A
-        client that goes away aborts the request."""
+    async def stream_outputs(
+        self, req: GenerationRequest, with_text: bool, client: Request, incremental: bool
+    ) -> AsyncIterator[dict]:
+        """The outputs of one streamed request, /generate-shaped, the last one with its finish
+        reason: with ``incremental`` each carries only the new text, ``output_ids`` and output
+        logprobs (SGLang's --incremental-streaming-output), else the whole output so far.
+        Ends early, without a final output, when the client goes away (the request is
+        aborted, as it is when the consumer stops); :class:`StreamFailed` if generation fails."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
-        segments = _Segments(req, self.engine.config.incremental_streaming_output)
+        segments = _Segments(req, incremental)
 
         def on_progress(res: GenerationResult) -> None:
-            snapshot = self._output(req, res, with_text)
+            snapshot = self.output(req, res, with_text)
             loop.call_soon_threadsafe(updates.put_nowait, snapshot)
 
         req.on_progress = on_progress
         future = asyncio.wrap_future(self.engine.submit(req))
-
-        def event(payload: dict) -> bytes:
-            return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-        async def events():
-            finished = False
-            getter: asyncio.Future | None = None
-            try:
-                while True:
-                    getter = getter or asyncio.ensure_future(updates.get())
-                    done, _ = await asyncio.wait(
-                        {getter, future},
-                        timeout=DISCONNECT_POLL_S,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    if not done:
-                        if await client.is_disconnected():
-                            return
+        finished = False
+        getter: asyncio.Future | None = None
+        try:
+            while True:
+                getter = getter or asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait(
+                    {getter, future},
+                    timeout=DISCONNECT_POLL_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    if await client.is_disconnected():
+                        return
+                    continue
+                if getter in done:
+                    chunk, getter = getter.result(), None
+                    if chunk["meta_info"]["finish_reason"] is None:
+                        yield segments.next(chunk)
                         continue
-                    if getter in done:
-                        chunk, getter = getter.result(), None
-                        if chunk["meta_info"]["finish_reason"] is None:
-                            yield event(segments.next(chunk))
-                            continue
-                    try:
-                        res = await future
-                    except Exception as exc:
-                        finished = True
-                        yield event({"error": {"message": str(exc), "code": 400}})
-                        break
+                try:
+                    res = await future
+                except Exception as exc:
                     finished = True
-                    self._record(req, res)
-                    yield event(segments.next(self._output(req, res, with_text), final=True))
-                    break
-                yield b"data: [DONE]\n\n"
-            finally:  # cancelled (the client went away) or returned early: stop the work
-                if getter is not None:
-                    getter.cancel()
-                if not finished and not future.done():
-                    self.abort([req])
+                    raise StreamFailed(str(exc)) from exc
+                finished = True
+                self._record(req, res)
+                yield segments.next(self.output(req, res, with_text), final=True)
+                return
+        finally:  # cancelled (the client went away) or returned early: stop the work
+            if getter is not None:
+                getter.cancel()
+            if not finished and not future.done():
+                self.abort([req])
+
+    def _stream(
+        self, req: GenerationRequest, with_text: bool, client: Request
+    ) -> StreamingResponse:
+        """SSE as SGLang streams /generate (see :meth:`stream_outputs`), then ``[DONE]``."""
+        outputs = self.stream_outputs(
+            req, with_text, client, self.engine.config.incremental_streaming_output
+        )
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for output in outputs:
+                    yield sse_event(output)
+                    if output["meta_info"]["finish_reason"] is not None:
+                        yield SSE_DONE
+            except StreamFailed as exc:
+                yield sse_event({"error": {"message": str(exc), "code": 400}})
+                yield SSE_DONE
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def sse_event(payload: Any) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class StreamFailed(Exception):
+    """Generation failed after a stream's 200 was sent: reported in the stream itself."""
 
 
 # ---- routes -------------------------------------------------------------------------------
@@ -447,11 +406,6 @@ async def metrics(api: Annotated[EngineAPI, Depends(engine_api)]) -> Response:
 @router.api_route("/generate", methods=["POST", "PUT"])
 async def generate(api: Serving, body: GenerateRequestModel, request: Request) -> Response:
     return await api.generate(body, request)
-
-
-@router.post("/v1/completions")
-async def completions(api: Serving, oa: CompletionRequestModel, request: Request) -> Response:
-    return JSONResponse(await api.complete(oa, request))
 
 
 class _CountGenerationRequests:

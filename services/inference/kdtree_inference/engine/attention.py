@@ -25,6 +25,7 @@ import torch
 
 from kdtree_verify import ForwardLayout
 
+from ..sglang.comparison import LayerStats
 from .config import ATTENTION_BACKENDS, baseline_backend
 
 
@@ -53,9 +54,21 @@ AttentionObserver = Callable[[dict], None]
 
 
 class AttentionBackend:
-    """One named backend plus optional observers of its calls."""
+    """One named backend plus optional observers of its calls.
 
-    def __init__(self, name: str, device: str, kv_splits: int = 1) -> None:
+    ``validate`` also keeps, per layer since the last :meth:`take_window`, the SGLang backend's
+    comparison statistics (``sglang.comparison.LayerStats``: max |op - baseline|, the relative
+    error, elements over ``tolerance`` = (atol, rtol) by torch.isclose's rule, NaN counting as
+    over, and elements compared); the model sets ``layer`` before each layer's call."""
+
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        kv_splits: int = 1,
+        tolerance: tuple[float, float] = (0.02, 0.02),
+        checked: Callable[[AttentionFn], AttentionFn] | None = None,
+    ) -> None:
         if name not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
         if kv_splits != 1 and name != "reference":
@@ -66,9 +79,15 @@ class AttentionBackend:
         # validate mode's record: calls compared and the largest |op - baseline| seen so far.
         self.validate_calls = 0
         self.validate_max_abs_diff = 0.0
+        self.layer = 0
+        self.tolerance = tolerance
+        self._window: dict[int, LayerStats] = {}
         if name == "validate":
+            op = _load_backend("op", device)
+            # ``checked`` wraps the side under test only (a test fault goes into the op, as in
+            # the SGLang backend, where it goes into the kernel and never into Triton).
             self._fn = self._validating(
-                _load_backend("op", device), _load_backend(baseline_backend(device), device)
+                checked(op) if checked else op, _load_backend(baseline_backend(device), device)
             )
         elif kv_splits > 1:
             from .split_kv import split_kv_reference
@@ -81,12 +100,32 @@ class AttentionBackend:
         def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
             served = baseline(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
             checked = candidate(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
-            diff = float((served.float() - checked.float()).abs().max()) if served.numel() else 0.0
+            stats = self._compare(checked.float(), served.float())
             self.validate_calls += 1
-            self.validate_max_abs_diff = max(self.validate_max_abs_diff, diff)
+            self.validate_max_abs_diff = max(self.validate_max_abs_diff, stats.max_abs)
+            self._window[self.layer] = _merged(self._window.get(self.layer), stats)
             return served
 
         return call
+
+    def _compare(self, checked: torch.Tensor, served: torch.Tensor) -> LayerStats:
+        if not served.numel():
+            return LayerStats(self.layer, 0.0, 0.0, 0, 0)
+        atol, rtol = self.tolerance
+        diff = (checked - served).abs()
+        over = ~torch.isclose(checked, served, atol=atol, rtol=rtol)  # NaN: over
+        return LayerStats(
+            layer_id=self.layer,
+            max_abs=_nan_max(diff),
+            max_rel=_nan_max(diff / (served.abs() + atol)),
+            over_tolerance=int(over.sum()),
+            compared=served.numel(),
+        )
+
+    def take_window(self) -> list[LayerStats]:
+        """validate: each layer's comparison since the previous call (then starts afresh)."""
+        window, self._window = self._window, {}
+        return [window[layer] for layer in sorted(window)]
 
     def __call__(
         self,
@@ -116,6 +155,29 @@ class AttentionBackend:
                 )
             )
         return self._fn(q, k_extend, v_extend, k_buffer, v_buffer, meta, sm_scale)
+
+
+def _nan_max(values: torch.Tensor) -> float:
+    """The largest value, NaN if there is one (the worst a kernel can produce)."""
+    return float("nan") if bool(values.isnan().any()) else float(values.max())
+
+
+def _worst(a: float, b: float) -> float:
+    """The larger of two errors, NaN winning."""
+    return float("nan") if a != a or b != b else max(a, b)
+
+
+def _merged(before: LayerStats | None, now: LayerStats) -> LayerStats:
+    if before is None:
+        return now
+
+    return LayerStats(
+        layer_id=now.layer_id,
+        max_abs=_worst(before.max_abs, now.max_abs),
+        max_rel=_worst(before.max_rel, now.max_rel),
+        over_tolerance=before.over_tolerance + now.over_tolerance,
+        compared=before.compared + now.compared,
+    )
 
 
 def _load_backend(name: str, device: str) -> AttentionFn:

@@ -102,6 +102,10 @@ class EngineConfig:
     # TEST/BENCHMARK ONLY: sleep this long after every decode step, a candidate made slow on
     # purpose for the parity gate's speed rule. Off (0) by default.
     decode_step_delay_s: float = 0.0
+    # validate: an element is over tolerance when not |op - baseline| <= atol + rtol * |baseline|
+    # (KDTREE_VERIFY_ATOL / _RTOL, the SGLang backend's rule and defaults).
+    validate_atol: float = 0.02
+    validate_rtol: float = 0.02
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

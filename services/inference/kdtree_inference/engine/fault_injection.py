@@ -18,34 +18,58 @@ from ..faults import (
     perturb_layer,
     scaled_softmax,
 )
-from .attention import AttentionBackend, ExtendMetadata
+from .attention import AttentionBackend, AttentionFn, ExtendMetadata
 
 log = logging.getLogger("kdtree_inference.engine")
 
 
+def faulty(fn: AttentionFn, fault: Fault) -> AttentionFn:
+    """``fn`` with ``fault`` in every call (its layout edit and softmax scale)."""
+
+    def call(q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float):
+        meta = apply_to_layout(fault, meta)
+        return fn(q, k_extend, v_extend, k_buffer, v_buffer, meta, scaled_softmax(fault, sm_scale))
+
+    return call
+
+
 class FaultyAttentionBackend(AttentionBackend):
-    """An ``AttentionBackend`` whose every call carries ``fault``."""
+    """An ``AttentionBackend`` whose every call carries ``fault``; with ``validate``, only its
+    op side does (as the SGLang backend puts a fault into the kernel, never into Triton), so the
+    comparison sees the fault."""
 
-    def __init__(self, name: str, device: str, fault: Fault, kv_splits: int = 1) -> None:
-        super().__init__(name, device, kv_splits)
-        self.fault = fault
-
-    def __call__(
-        self, q, k_extend, v_extend, k_buffer, v_buffer, meta: ExtendMetadata, sm_scale: float
-    ) -> torch.Tensor:
-        meta = apply_to_layout(self.fault, meta)
-        return super().__call__(
-            q, k_extend, v_extend, k_buffer, v_buffer, meta, scaled_softmax(self.fault, sm_scale)
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        fault: Fault,
+        kv_splits: int = 1,
+        tolerance: tuple[float, float] = (0.02, 0.02),
+    ) -> None:
+        validating = name == "validate"
+        super().__init__(
+            name,
+            device,
+            kv_splits,
+            tolerance,
+            checked=(lambda fn: faulty(fn, fault)) if validating else None,
         )
+        self.fault = fault
+        if not validating:
+            self._fn = faulty(self._fn, fault)
 
 
 def attention_backend(
-    name: str, device: str, fault: Fault | None, kv_splits: int = 1
+    name: str,
+    device: str,
+    fault: Fault | None,
+    kv_splits: int = 1,
+    tolerance: tuple[float, float] = (0.02, 0.02),
 ) -> AttentionBackend:
     """The stock backend when ``fault`` is None or only touches weights, else the faulty one."""
     if fault is None or fault.kind == "weight":
-        return AttentionBackend(name, device, kv_splits)
-    return FaultyAttentionBackend(name, device, fault, kv_splits)
+        return AttentionBackend(name, device, kv_splits, tolerance)
+    return FaultyAttentionBackend(name, device, fault, kv_splits, tolerance)
 
 
 def faulty_weights(

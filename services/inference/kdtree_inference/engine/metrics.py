@@ -1,18 +1,28 @@
-"""Prometheus metrics of one engine process (a private registry, served at GET /metrics)."""
+"""Prometheus metrics of one engine process (a private registry, served at GET /metrics).
+
+With the ``validate`` backend the engine also reports its op-vs-baseline comparison under the
+SGLang backend's names (``kdtree_verify_*``: mode, steps, kernel calls, per-layer max errors,
+elements over tolerance and compared, publishes; ``sglang.telemetry``), one window per verify
+step, so the alert rules and dashboard written for SGLang servers work on it unchanged.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..sglang.comparison import LayerStats
+from ..sglang.modes import VerifyMode, VerifySettings
+from ..sglang.telemetry import VerifyTelemetry
+
 
 class EngineMetrics:
-    def __init__(self, attention: str) -> None:
+    def __init__(self, attention: str, tolerance: tuple[float, float] = (0.02, 0.02)) -> None:
         self.registry = CollectorRegistry()
         labels = ["attention"]
         self.attention = attention
         self.requests = Counter(
             "kdtree_engine_requests",
-            "HTTP requests to /generate and /v1/completions, by response status",
+            "HTTP requests to /generate, /v1/completions and /v1/chat/completions, by response status",
             [*labels, "status"],
             registry=self.registry,
         )
@@ -75,6 +85,22 @@ class EngineMetrics:
             labels,
             registry=self.registry,
         )
+
+        self.verify: VerifyTelemetry | None = None
+        self._verify_steps = 0
+        if attention == "validate":
+            atol, rtol = tolerance
+            settings = VerifySettings(mode=VerifyMode.VALIDATE, atol=atol, rtol=rtol)
+            self.verify = VerifyTelemetry(settings, registry=self.registry)
+
+    def publish_validation(self, window: list[LayerStats], calls: int) -> None:
+        """validate: one verify step's comparison window and the op calls it made."""
+        if self.verify is None:
+            return
+        self._verify_steps += 1
+        self.verify.verify_steps()
+        self.verify.kernel_calls(calls)
+        self.verify.publish(self._verify_steps, window)
 
     def on_verify_step(self, attention: str, proposed: int, accepted: int, emitted: int) -> None:
         self.verify_steps.labels(attention).inc()

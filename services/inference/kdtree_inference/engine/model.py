@@ -210,6 +210,7 @@ class TinyMLAModel:
             )
             # SGLang saves the new tokens' KV to out_cache_loc *before* running attention.
             pool.write(i, meta.out_cache_loc, k_extend)
+            self.attention.layer = i  # validate mode reports its comparison per layer
             attn = self.attention(
                 q_full,
                 k_extend,

@@ -248,6 +248,15 @@ def build_requests(
     return out, is_batch
 
 
+class StreamOptionsModel(BaseModel):
+    """OpenAI ``stream_options``: ``include_usage`` adds a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
 class CompletionRequestModel(BaseModel):
     """OpenAI /v1/completions (the fields a plain client sends)."""
 
@@ -266,3 +275,91 @@ class CompletionRequestModel(BaseModel):
     stream: bool = False
     seed: int | None = None
     ignore_eos: bool = False
+    stream_options: StreamOptionsModel | None = None
+    return_token_ids: bool = False
+
+
+class ChatCompletionRequestModel(BaseModel):
+    """OpenAI /v1/chat/completions with SGLang 0.5.23's extensions that this engine serves
+    (``ChatCompletionRequest`` in sglang/srt/entrypoints/openai/protocol.py; same names and
+    defaults). Keys it does not know are ignored, as SGLang's model ignores them; features the
+    engine does not implement (tools, response formats, penalties, ...) are refused when set."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[dict[str, Any]]
+    model: str = "default"
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None  # None: 1.0, OpenAI's and SGLang's default
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    stream: bool = False
+    stream_options: StreamOptionsModel | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    rid: str | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    continue_final_message: bool = False
+    # SGLang's switches for returning ids and its raw meta_info alongside the OpenAI fields.
+    return_token_ids: bool = False
+    return_prompt_token_ids: bool = False
+    return_meta_info: bool = False
+    return_output_ids_in_sglext: bool = False
+    return_spec_tokens_details: bool = False
+
+    def sampling_params(self, max_new_tokens: int) -> dict[str, Any]:
+        """SGLang ``sampling_params`` for this request (``ChatCompletionRequest.to_sampling_params``'s
+        mapping; unset temperature, top_p, top_k, min_p take OpenAI's defaults)."""
+        return {
+            "max_new_tokens": max_new_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": -1 if self.top_k is None else self.top_k,
+            "min_p": 0.0 if self.min_p is None else self.min_p,
+            "min_new_tokens": self.min_tokens,
+            "stop": self.stop,
+            "stop_token_ids": self.stop_token_ids,
+            "n": self.n,
+            "no_stop_trim": self.no_stop_trim,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": 1.0
+            if self.repetition_penalty is None
+            else self.repetition_penalty,
+            "logit_bias": self.logit_bias,
+            "regex": self.regex,
+            "ebnf": self.ebnf,
+            "sampling_seed": self.seed,
+        }
+
+    def unsupported(self) -> list[str]:
+        """Set fields the reference engine cannot honour (refused with 400)."""
+        return [
+            name
+            for name, is_set in {
+                "tools": bool(self.tools),
+                "response_format": self.response_format is not None
+                and self.response_format.get("type") not in (None, "text"),
+                "continue_final_message": self.continue_final_message,
+            }.items()
+            if is_set
+        ]

@@ -137,7 +137,11 @@ class Engine:
             # Lets tests and demos observe the not-ready state (/health 503) deterministically.
             time.sleep(cfg.warmup_delay_s)
         backend = attention_backend(
-            cfg.attention, cfg.device, cfg.injected_fault, cfg.attention_kv_splits
+            cfg.attention,
+            cfg.device,
+            cfg.injected_fault,
+            cfg.attention_kv_splits,
+            tolerance=(cfg.validate_atol, cfg.validate_rtol),
         )
         if cfg.weights_dir:
             weights, self.weights_identity = load_weights_with_digest(cfg.model, cfg.weights_dir)

@@ -10,6 +10,8 @@ import torch
 
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
+from ..sglang.modes import VerifySettings
+from ..version import add_version_flag
 from .config import (
     ATTENTION_BACKENDS,
     EngineConfig,
@@ -29,6 +31,7 @@ def build_parser(settings: InferenceSettings | None = None) -> argparse.Argument
         description="kdtree's embedded reference inference server: a tiny DeepSeek-V3-shaped MLA "
         "model behind SGLang's HTTP API, with tree speculative decoding over the verify op.",
     )
+    add_version_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=30000, help="port (SGLang's default 30000)")
     p.add_argument(
@@ -147,6 +150,9 @@ def config_from_args(
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     attention = args.attention or default_attention_backend(device, settings.verify)
     dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    # The SGLang backend's comparison tolerance (its bf16-pool default unless configured).
+    tolerance = VerifySettings(atol=settings.verify_atol, rtol=settings.verify_rtol)
+    tolerance = tolerance.resolved_for_pool(fp8_pool=False)
     model = ModelConfig(
         seed=args.seed,
         num_layers=args.num_layers,
@@ -177,6 +183,8 @@ def config_from_args(
         warmup_delay_s=args.warmup_delay,
         attention_kv_splits=args.attention_kv_splits,
         decode_step_delay_s=args.decode_step_delay,
+        validate_atol=tolerance.atol,
+        validate_rtol=tolerance.rtol,
     )
 
 
@@ -190,7 +198,8 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     from .scheduler import Engine
 
     engine = Engine(config)
-    api = EngineAPI(engine, EngineMetrics(config.attention))
+    tolerance = (config.validate_atol, config.validate_rtol)
+    api = EngineAPI(engine, EngineMetrics(config.attention, tolerance))
     server = uvicorn.Server(
         uvicorn.Config(
             api.app,

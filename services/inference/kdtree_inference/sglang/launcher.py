@@ -16,6 +16,7 @@ DDTree's flags (``--speculative-ddtree-budget``, ``--speculative-ddtree-topk``) 
 what SGLang and the DDTree worker read (``ddtree.options``); a bad value refuses the start.
 
 ``--help`` (``-h``) skips those checks: SGLang prints its arguments and starts nothing.
+``--version`` alone prints kdtree-inference's version and the installed SGLang's.
 ``kdtree-serve kdtree-selfcheck [ARGS]`` runs ``kdtree-selfcheck [ARGS]`` instead (the image's
 entrypoint is kdtree-serve, so ``docker run IMAGE kdtree-selfcheck`` works as typed).
 
@@ -33,6 +34,7 @@ from importlib.metadata import entry_points
 from ..ddtree.options import DDTreeFlagError, rewrite_ddtree_flags
 from ..exit_codes import ExitCode
 from ..settings import InferenceSettings
+from ..version import package_version, version_line
 from .modes import SettingsError, VerifyMode, VerifySettings
 
 PLUGIN_GROUP = "sglang.srt.plugins"
@@ -114,6 +116,10 @@ def preflight(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:
+        # Ours and the SGLang it launches; nothing is started.
+        print(f"{version_line('kdtree-serve')} (sglang {package_version('sglang')})")
+        return ExitCode.OK
     if args[:1] == [SELFCHECK]:
         # The image's entrypoint is kdtree-serve: `docker run IMAGE kdtree-selfcheck ...` lands here.
         from ..selfcheck import main as selfcheck

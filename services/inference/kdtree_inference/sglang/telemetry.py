@@ -54,6 +54,8 @@ logger = logging.getLogger("kdtree.verify")
 ROLES = {"target_verify": "kdtree_verify", "draft_extend": "kdtree_draft_extend"}
 """The forward each role serves -> the prefix of its metric names."""
 PUBLISH_EVENT = "kdtree_verify_publish"
+INVALID_INPUTS = "invalid_inputs"
+"""The fallback reason of a call whose inputs the op rejected (an alert of its own)."""
 
 
 @dataclass
@@ -204,6 +206,13 @@ class VerifyTelemetry:
         self._graph_replays = m.graph_replays.labels(tp_rank=self.rank)
         self._kernel_calls = m.kernel_calls.labels(tp_rank=self.rank)
         self._fallbacks: dict[str, Any] = {}
+        # What the alert rules watch for increases exists at 0 from the start: Prometheus sees
+        # no increase in a counter whose first sample is already above 0
+        # (deploy/monitoring/kdtree-alerts.yml).
+        m.shadow_errors.labels(tp_rank=self.rank)
+        self._fallbacks[INVALID_INPUTS] = m.fallbacks.labels(
+            reason=INVALID_INPUTS, tp_rank=self.rank
+        )
 
     def verify_steps(self, count: int = 1, graph_replay: bool = False) -> None:
         self._steps.inc(count)
@@ -255,8 +264,10 @@ class VerifyTelemetry:
             layer = str(s.layer_id)
             m.max_abs.labels(layer=layer, tp_rank=self.rank).set(s.max_abs)
             m.max_rel.labels(layer=layer, tp_rank=self.rank).set(s.max_rel)
+            # Created at 0 by the first window that compares the layer (see __init__).
+            over_tolerance = m.over_tolerance.labels(layer=layer, tp_rank=self.rank)
             if s.over_tolerance:
-                m.over_tolerance.labels(layer=layer, tp_rank=self.rank).inc(s.over_tolerance)
+                over_tolerance.inc(s.over_tolerance)
         compared = sum(s.compared for s in stats)
         over = sum(s.over_tolerance for s in stats)
         m.compared.labels(tp_rank=self.rank).inc(compared)

@@ -27,6 +27,7 @@ from kdtree_parity.promote.flow import (
 from kdtree_parity.promote.profiles import GATE_PROFILES
 from kdtree_parity.promote.progress import step
 from kdtree_parity.promote.settings import PromoteSettings
+from kdtree_parity.version import add_version_flag
 
 Command = Callable[[argparse.Namespace, Docker], int]
 
@@ -170,6 +171,7 @@ def build_parser(settings: PromoteSettings | None = None) -> argparse.ArgumentPa
         prog="python -m kdtree_parity.promote",
         description="Gate an inference image with the parity sidecar and promote it to stable.",
     )
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     selection, records, gating = (
         _selection_flags(settings),
