@@ -27,7 +27,7 @@ from kdtree_parity.client import (
     url_problem,
 )
 from kdtree_parity.corpus import Corpus, CorpusEntry, CorpusError, load_corpus, parse_corpus
-from kdtree_parity.gate import Verdict, decide, summarize
+from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
@@ -39,6 +39,7 @@ from kdtree_parity.store import (
     RunStatus,
     Store,
 )
+from kdtree_parity.verdict import judge
 
 log = logging.getLogger("kdtree_parity.runner")
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
@@ -351,12 +352,13 @@ async def execute_run(
                     progress(counter["done"], len(corpus), result)
 
             await asyncio.gather(*(one_prompt(i, e) for i, e in pending))
-        verdict = decide(
-            summarize(await store.call(Store.results, run_id), len(corpus)),
+        verdict = judge(
+            await store.call(Store.results, run_id),
+            len(corpus),
             loaded.policy.gate,
             aborted_because=breaker.reason,
             candidate_refused=candidate_refused,
-        )
+        ).verdict
         status = VERDICT_TO_STATUS[verdict.status]
         ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
         # Still ours? (LeaseLost) -- never report over a new owner's run.

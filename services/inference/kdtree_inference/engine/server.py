@@ -50,6 +50,13 @@ def build_parser(settings: InferenceSettings | None = None) -> argparse.Argument
     p.add_argument("--num-heads", type=int, default=ModelConfig.num_heads)
     p.add_argument("--hidden-size", type=int, default=ModelConfig.hidden_size)
     p.add_argument(
+        "--context-length",
+        type=int,
+        default=ModelConfig.max_position,
+        help="positions the model takes, prompt and output together (SGLang's name); raise it "
+        "with --max-prompt-tokens for long-context corpora",
+    )
+    p.add_argument(
         "--weights-dir",
         default=settings.engine_weights,
         help="load model.safetensors from this directory instead of seeded weights",
@@ -152,6 +159,7 @@ def config_from_args(
         num_layers=args.num_layers,
         num_heads=args.num_heads,
         hidden_size=args.hidden_size,
+        max_position=args.context_length,
     )
     spec = SpecConfig(
         num_draft_tokens=args.speculative_num_draft_tokens,
