@@ -68,8 +68,9 @@ def test_the_cli_refuses_an_unusable_setting_in_one_line(tmp_path: Path) -> None
 def test_prepare_run_names_every_problem_in_order() -> None:
     with pytest.raises(RunRefused) as refused:
         prepare_run("short", "default", {"--baseline": "ftp://x", "--replica": None})
-    small, url = refused.value.problems
+    small, short, url = refused.value.problems
     assert "needs 200" in small and small.endswith("such a run could never decide")
+    assert "needs min_context_tokens 200000" in short and "--corpus long" in short
     assert url.startswith("--baseline: ")
     with pytest.raises(RunRefused) as refused:
         prepare_run("/nonexistent/corpus.jsonl", "/nonexistent/policy.yaml", {})

@@ -38,6 +38,8 @@ ALLOWED_KEYS = frozenset({"id", "text", "input_ids", "messages", "max_new_tokens
 PROMPT_KEYS = ("text", "input_ids", "messages")
 # Roles of OpenAI's chat format that SGLang 0.5.23's ChatCompletionRequest accepts.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# A generous bound on what a chat template adds around one message (role markers, separators).
+CHAT_TEMPLATE_TOKENS = 64
 BUILTIN_CORPORA = ("default", "short", "long")
 GENERATED_CORPORA = frozenset({"long"})
 
@@ -74,12 +76,15 @@ class CorpusEntry:
     def max_prompt_tokens(self) -> int:
         """An upper bound of the prompt's length in tokens, before any target sees it: the ids
         themselves, else the UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes)
-        plus a BOS. A chat template adds its own tokens; they are not counted here."""
+        plus a BOS; a chat message is allowed CHAT_TEMPLATE_TOKENS more for the template."""
         if self.input_ids is not None:
             return len(self.input_ids)
         if self.text is not None:
             return len(self.text.encode("utf-8")) + 1
-        return 1 + sum(len(_message_text(m).encode("utf-8")) for m in self.messages or ())
+        return 1 + sum(
+            len(_message_text(m).encode("utf-8")) + CHAT_TEMPLATE_TOKENS
+            for m in self.messages or ()
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The entry as it appears in the corpus (without the line number)."""

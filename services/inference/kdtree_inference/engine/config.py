@@ -102,6 +102,9 @@ class EngineConfig:
     # TEST/BENCHMARK ONLY: sleep this long after every decode step, a candidate made slow on
     # purpose for the parity gate's speed rule. Off (0) by default.
     decode_step_delay_s: float = 0.0
+    # Bearer token every route but /health* and /metrics requires (SGLang's --api-key); never
+    # shown in the config's repr.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

@@ -185,6 +185,9 @@ def config_from_args(
         warmup_delay_s=args.warmup_delay,
         attention_kv_splits=args.attention_kv_splits,
         decode_step_delay_s=args.decode_step_delay,
+        api_key=None
+        if settings.engine_api_key is None
+        else settings.engine_api_key.get_secret_value(),
     )
 
 
@@ -193,6 +196,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     import uvicorn
 
     from .api import EngineAPI
+    from .auth import RequireApiKey
     from .fault_injection import log_fault
     from .metrics import EngineMetrics
     from .scheduler import Engine
@@ -201,7 +205,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     api = EngineAPI(engine, EngineMetrics(config.attention))
     server = uvicorn.Server(
         uvicorn.Config(
-            api.app,
+            api.app if config.api_key is None else RequireApiKey(api.app, config.api_key),
             host=host,
             port=port,
             log_level=log_level,
