@@ -25,7 +25,7 @@ def test_defaults_and_every_field_is_described(clean_env: pytest.MonkeyPatch) ->
     settings = load_settings()
     assert settings.baseline_url == "http://127.0.0.1:30000"
     assert settings.candidate_url == "http://127.0.0.1:30001"
-    assert (settings.corpus, settings.policy) == ("default", "default")
+    assert (settings.corpus, settings.policy) == ("long", "default")  # default needs 200k
     assert (settings.db, settings.out) == ("runs/parity.sqlite3", "runs/parity")
     assert (settings.lease_s, settings.token, settings.pairs) == (60.0, "", "")
     assert (settings.host, settings.port) == ("127.0.0.1", 8300)

@@ -51,7 +51,9 @@ class ParitySettings(BaseSettings):
         "", description="image digest/reference of the A/A' target, recorded in the report"
     )
     corpus: str = Field(
-        "default", description="corpus: a JSONL path or a shipped name (default, short)"
+        "long",
+        description="corpus: a JSONL path or a shipped name (long: default + prompts to 200k "
+        "tokens, generated; default; short)",
     )
     policy: str = Field(
         "default", description="policy: a YAML path or a shipped name (default, short)"
