@@ -107,6 +107,9 @@ def test_a_fault_past_the_default_corpus_passes_it_and_fails_the_long_corpus(
         buckets["8k"]["candidate"]["drift"]["max"] > 0 == buckets["1k"]["candidate"]["drift"]["max"]
     )
     assert "bucket 8k" in done.stdout
+    run_dir = long_run / "out" / report["run"]["id"]
+    assert "Context-length buckets" in (run_dir / "report.html").read_text()
+    assert "| 8k | 1 | 6144-6144 |" in (run_dir / "report.md").read_text()
 
 
 def test_a_token_protected_target_works_with_its_token_and_is_refused_without(
