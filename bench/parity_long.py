@@ -12,8 +12,8 @@ fail, and only through the buckets whose prompts reach the fault. Writes ``long.
         --buckets 1024,8192,32768,128000 --out $OUT/long                         # GPU machine
     python3 bench/parity_long.py --servers sglang --preset kimi-rank \\
         --model-dir /tmp/models/kimi-rank --buckets 1024,32768,200000 --out $OUT/long-kimi
-    python3 bench/parity_long.py --servers engine --buckets 1024,6144 \\
-        --fault kv_drop:5300 --out /tmp/long                                     # CPU, small
+    python3 bench/parity_long.py --servers engine --buckets 1024,6144 --per-bucket 1 \\
+        --new-tokens 16 --fault kv_drop:5300 --policy short --out /tmp/long      # CPU, small
 
 The policy is ``--policy`` (default ``bench/models/parity_policy.yaml``) with ``min_prompts``
 set to the corpus's size, ``min_context_tokens`` to the longest bucket, ``max_new_tokens`` to
@@ -78,15 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=Path("/tmp/models/rank"))
     p.add_argument("--preset", default="rank", help="sglang: make_model.py preset")
     p.add_argument("--buckets", default="1024,8192,32768,128000")
-    p.add_argument("--per-bucket", type=int, default=2)
+    p.add_argument("--per-bucket", type=int, default=3, help="prompts per bucket (depths vary)")
     p.add_argument("--fault", default="kv_drop:20000", help="the faulty candidate's fault")
-    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=32,
+        help="per prompt: enough positions for a bucket's drift test to be significant",
+    )
     p.add_argument("--policy", default=str(DEFAULT_POLICY))
     args = p.parse_args(argv)
     buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
     parse_fault(args.fault)
     raw = args.out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
+    for sub in ("servers", "gate", "runs"):  # where parity_resolution's judge writes
+        (raw / sub).mkdir(parents=True, exist_ok=True)
     if args.servers == "sglang":
         start = sglang_servers(args.model_dir, args.preset)
         floor, options = CHAIN_FLOOR, {}
