@@ -171,7 +171,7 @@ def test_a_candidate_accepting_fewer_drafts_fails_on_accept_length(
     means = {a["role"]: a["mean"] for a in report["context"]["accept_length"]}
     assert means["candidate"] < 0.95 * means["baseline"]
     sides = [s for p in report["prompts"] for s in p["sides"]]
-    assert all(s["accept_length"] and s["prompt_tokens"] for s in sides)
+    assert all(s["accept_length"] and s["spec_verify_ct"] and s["prompt_tokens"] for s in sides)
 
 
 def test_waiting_for_a_target_says_so_every_few_seconds(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def _prompt(result: PromptResult) -> PromptModel:
                 decode_tps=decode_rate(outcome),
                 ttft_s=g.timing.ttft_s if g is not None and g.timing is not None else None,
                 prompt_tokens=g.prompt_tokens if g is not None else None,
+                spec_verify_ct=g.spec_verify_ct if g is not None else None,
                 accept_length=g.accept_length if g is not None else None,
                 top_at_divergence=top,
             )

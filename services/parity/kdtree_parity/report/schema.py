@@ -39,6 +39,9 @@ class SideModel(BaseModel):
     prompt_tokens: int | None = Field(
         None, description="the prompt's length in this target's tokens (meta_info.prompt_tokens)"
     )
+    spec_verify_ct: int | None = Field(
+        None, description="speculative verify forwards for this answer (meta_info.spec_verify_ct)"
+    )
     accept_length: float | None = Field(
         None, description="completion_tokens / spec_verify_ct, when the target reports them"
     )
