@@ -1,5 +1,5 @@
 """``kdtree-parity``: run the gate, render a stored run's report, decide a stored run again under
-another policy, list runs, serve the service.
+another policy, list runs, write the long-context corpus, serve the service.
 
 Exit codes of ``run`` (and ``report``, ``judge``): 0 pass, 1 fail, 2 could not decide (the
 baseline side failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
@@ -116,7 +116,7 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
             default=getattr(settings, f"{role}_image"),
             help=f"{role} image digest or reference, recorded in the report",
         )
-    run.add_argument("--corpus", help="JSONL path or default|short")
+    run.add_argument("--corpus", help="JSONL path or long|default|short (env KDTREE_PARITY_CORPUS)")
     run.add_argument("--policy", help="YAML path or default|short")
     run.add_argument("--out", help="reports go to OUT/RUN_ID/")
     run.add_argument(
