@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from parity_support import only_report, write_inputs
@@ -118,6 +119,11 @@ def test_a_token_protected_target_works_with_its_token_and_is_refused_without(
     secret = "kdtree-test-secret-4711"
     engine_env = {"KDTREE_ENGINE_API_KEY": secret}
     baseline, candidate = reference_server(env=engine_env), reference_server(env=engine_env)
+    # The engine guards what SGLang's --api-key guards: probes stay open.
+    assert httpx.get(f"{baseline}/metrics").status_code == 200
+    assert httpx.get(f"{baseline}/model_info").status_code == 401
+    authorized = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{baseline}/model_info", headers=authorized).status_code == 200
     corpus, policy = write_inputs(tmp_path, 4)
     token_file = tmp_path / "candidate.token"
     token_file.write_text(secret + "\n")
