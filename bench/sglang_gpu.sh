@@ -31,7 +31,8 @@
 #                baseline and its EAGLE-chain floor; an on candidate must pass, an on candidate
 #                with KDTREE_INJECT_FAULT=LONG_FAULT (default kv_drop:20000) must fail through the
 #                long buckets only (long.json/long.md); kimi-rank: LONG_PRESET=kimi-rank
-#                LONG_BUCKETS=1024,32768,200000 LONG_POLICY=bench/models/parity_policy_kimi_rank.yaml
+#                LONG_BUCKETS=1024,32768,200000 LONG_POLICY=bench/models/parity_policy_kimi_rank.yaml;
+#                LONG_ARGS adds arguments (e.g. --per-bucket 2 --new-tokens 24 for a shorter run)
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
@@ -181,10 +182,11 @@ run_phase() {
     long)
       preset=${LONG_PRESET:-rank}
       # SIGINT at the limit: the servers stop, long.json keeps the candidates judged so far.
+      # shellcheck disable=SC2086
       timeout -s INT -k 30 "${LONG_TIMEOUT:-480}" python3 bench/parity_long.py --servers sglang \
         --preset "$preset" --model-dir "/tmp/models/$preset" \
         --buckets "${LONG_BUCKETS:-1024,8192,32768,128000}" --fault "${LONG_FAULT:-kv_drop:20000}" \
-        --policy "${LONG_POLICY:-bench/models/parity_policy.yaml}" --out "$OUT/long" 2>&1 \
+        --policy "${LONG_POLICY:-bench/models/parity_policy.yaml}" ${LONG_ARGS:-} --out "$OUT/long" 2>&1 \
         | tee "$OUT/long.log" || true
       cp "$OUT/long/long.json" "$OUT/long/long.md" "$OUT/" || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
