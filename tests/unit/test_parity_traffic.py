@@ -76,6 +76,32 @@ def test_a_tokenizer_gives_input_ids_of_exactly_the_bucket() -> None:
     assert "NOTE: the access code of the" in text and text.endswith("vault is")
 
 
+@pytest.mark.slow
+def test_corpus_long_in_a_real_models_tokens(tmp_path: Path) -> None:
+    """The GPU models' own tokenizer (bench/models/make_model.py's byte-level BPE, trained
+    here): every prompt exactly its bucket in that tokenizer's ids, needle and question
+    intact."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "models"))
+    import make_model
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "model"
+    make_model.write_tokenizer(model, 262144)
+    out = tmp_path / "long.jsonl"
+    done = run_cli(
+        "corpus", "long", "--out", out, "--tokenizer", model, "--buckets", "2048,20000",
+        "--per-bucket", "2", "--base", "none",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entries = load_corpus(out).entries
+    assert [len(e.input_ids) for e in entries] == [2048, 2048, 20000, 20000]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    for entry in entries:
+        text = tokenizer.decode(list(entry.input_ids))
+        vault = text.split("NOTE: the access code of the ")[1].split(" vault")[0]
+        assert text.endswith(f"Answer: the access code of the {vault} vault is"), entry.id
+
+
 def test_the_shipped_long_corpus_starts_with_the_default_one_and_reaches_200k() -> None:
     long, default = load_corpus("long"), load_corpus("default")
     assert long.entries[: len(default)] == default.entries
