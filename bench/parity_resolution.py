@@ -152,8 +152,10 @@ def write_policy(path: Path, base: str, min_prompts: int) -> tuple[Path, dict]:
     data = yaml.safe_load(source.read_text()) or {}
     data.setdefault("gate", {})["min_prompts"] = min_prompts
     # The table measures numerical faults: the speed rule (judged on its own, docs/parity.md)
-    # would make a verdict depend on how busy the machine's cores were.
+    # would make a verdict depend on how busy the machine's cores were, and accept length (also
+    # judged on its own) follows from the tokens the table already judges.
     data["gate"]["max_slowdown"] = None
+    data["gate"]["max_accept_length_drop"] = None
     text = yaml.safe_dump(data, sort_keys=False)
     parse_policy(text)
     path.write_text(text)

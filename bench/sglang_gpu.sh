@@ -26,6 +26,13 @@
 #                real gate (bench/models/parity_policy.yaml), eager forwards; RESOLUTION_SIZES /
 #                RESOLUTION_FAULTS override the grid, RESOLUTION_TIMEOUT cuts it (table kept),
 #                RESOLUTION_ARGS adds arguments (--no-controls: faults only)
+#   long         bench/parity_long.py --servers sglang: the long corpus in the model's tokens
+#                (LONG_BUCKETS, default 1024,8192,32768,128000 on LONG_PRESET rank), an off
+#                baseline and its EAGLE-chain floor; an on candidate must pass, an on candidate
+#                with KDTREE_INJECT_FAULT=LONG_FAULT (default kv_drop:20000) must fail through the
+#                long buckets only (long.json/long.md); kimi-rank: LONG_PRESET=kimi-rank
+#                LONG_BUCKETS=1024,32768,200000 LONG_POLICY=bench/models/parity_policy_kimi_rank.yaml;
+#                LONG_ARGS adds arguments (e.g. --per-bucket 2 --new-tokens 24 for a shorter run)
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
 # SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
@@ -173,6 +180,16 @@ run_phase() {
         --faults "${RESOLUTION_FAULTS:-scale:0.001,scale:0.01,scale:0.05,weight:1:0.004,weight:1:0.01,weight:1:0.05,kv_drop:64,kv_drop:16,kv_drop:0,tree_mask:7,tree_mask:3,tree_mask:0}" \
         2>&1 | tee "$OUT/resolution.log" || true
       cp "$OUT/resolution/resolution.json" "$OUT/resolution/resolution.md" "$OUT/" || true ;;
+    long)
+      preset=${LONG_PRESET:-rank}
+      # SIGINT at the limit: the servers stop, long.json keeps the candidates judged so far.
+      # shellcheck disable=SC2086
+      timeout -s INT -k 30 "${LONG_TIMEOUT:-480}" python3 bench/parity_long.py --servers sglang \
+        --preset "$preset" --model-dir "/tmp/models/$preset" \
+        --buckets "${LONG_BUCKETS:-1024,8192,32768,128000}" --fault "${LONG_FAULT:-kv_drop:20000}" \
+        --policy "${LONG_POLICY:-bench/models/parity_policy.yaml}" ${LONG_ARGS:-} --out "$OUT/long" 2>&1 \
+        | tee "$OUT/long.log" || true
+      cp "$OUT/long/long.json" "$OUT/long/long.md" "$OUT/" || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
   # At most 8 files come back from a device command: each phase's folder travels as one archive.

@@ -38,7 +38,7 @@ def test_corpus_errors_name_every_bad_line() -> None:
     assert sorted(lines) == [3, 4, 5, 6, 7, 8, 9, 10]
     text = str(info.value)
     assert "c.jsonl:3: invalid JSON" in text
-    assert "c.jsonl:4: exactly one of 'text' or 'input_ids'" in text
+    assert "c.jsonl:4: exactly one of 'text', 'input_ids' or 'messages'" in text
     assert "c.jsonl:5: 'id' must be a non-empty string" in text
     assert "c.jsonl:6: duplicate id 'ok-1' (first on line 1)" in text
     assert "c.jsonl:7: 'input_ids' must be" in text
@@ -192,12 +192,17 @@ def test_numbers_of_the_right_kind_still_load() -> None:
 def test_an_empty_or_partial_policy_takes_the_shipped_defaults() -> None:
     """Before: an empty policy got min_prompts 20 (the code's own default), not the shipped 200."""
     default = load_policy("default").policy
-    assert parse_policy("").policy == default
-    assert default.gate.min_prompts == 200
+    # min_context_tokens is the one key left out as 0 (no requirement), so a policy written for
+    # a short corpus stays usable; the shipped default asks for the deployment's 200k.
+    deployment = {"min_context_tokens": 200000}
+    assert parse_policy("").policy.gate.model_copy(update=deployment) == default.gate
+    assert parse_policy("").policy.gate.min_context_tokens == 0
+    assert parse_policy("").policy.replay == default.replay
+    assert default.gate.min_prompts == 200 and default.gate.min_context_tokens == 200000
     partial = parse_policy("gate:\n  min_prompts: 7\n").policy
     assert partial.gate.min_prompts == 7
     assert partial.replay == default.replay and partial.compare == default.compare
-    assert partial.gate.model_copy(update={"min_prompts": 200}) == default.gate
+    assert partial.gate.model_copy(update={"min_prompts": 200, **deployment}) == default.gate
 
 
 def test_the_shipped_default_policy_sets_every_key() -> None:

@@ -76,7 +76,8 @@ def test_a_corpus_too_small_for_the_policy_is_refused(tmp_path: Path) -> None:
     small = ServiceSettings(**{**config.__dict__, "policy": "default"})  # needs 200 prompts
     with pytest.raises(ConfigurationError, match="needs 200"):
         create_app(small)  # the configured corpus: refused before the service starts
-    config = ServiceSettings(**{**config.__dict__, "corpus": "default", "policy": "default"})
+    # The default policy needs 200 prompts and 200k tokens of context: the long corpus has both.
+    config = ServiceSettings(**{**config.__dict__, "corpus": "long", "policy": "default"})
     with TestClient(create_app(config)) as c:
         resp = c.post(
             "/runs", json={"corpus": "short"}, headers={"Authorization": f"Bearer {TOKEN}"}

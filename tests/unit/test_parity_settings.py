@@ -25,7 +25,7 @@ def test_defaults_and_every_field_is_described(clean_env: pytest.MonkeyPatch) ->
     settings = load_settings()
     assert settings.baseline_url == "http://127.0.0.1:30001"
     assert settings.candidate_url == "http://127.0.0.1:30002"
-    assert (settings.corpus, settings.policy) == ("default", "default")
+    assert (settings.corpus, settings.policy) == ("long", "default")  # default needs 200k
     assert (settings.db, settings.out) == ("runs/parity.sqlite3", "runs/parity")
     assert (settings.lease_s, settings.token, settings.pairs) == (60.0, "", "")
     assert (settings.host, settings.port) == ("127.0.0.1", 8300)
@@ -68,8 +68,9 @@ def test_the_cli_refuses_an_unusable_setting_in_one_line(tmp_path: Path) -> None
 def test_prepare_run_names_every_problem_in_order() -> None:
     with pytest.raises(RunRefused) as refused:
         prepare_run("short", "default", {"--baseline": "ftp://x", "--replica": None})
-    small, url = refused.value.problems
+    small, short, url = refused.value.problems
     assert "needs 200" in small and small.endswith("such a run could never decide")
+    assert "needs min_context_tokens 200000" in short and "--corpus long" in short
     assert url.startswith("--baseline: ")
     with pytest.raises(RunRefused) as refused:
         prepare_run("/nonexistent/corpus.jsonl", "/nonexistent/policy.yaml", {})

@@ -12,7 +12,14 @@ import enum
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, Strict, ValidationError, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    Strict,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUseDefault
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
@@ -129,6 +136,11 @@ class InferenceSettings(BaseSettings):
         1,
         ge=1,
         description="the reference engine's default `--threads`: torch CPU threads per server",
+    )
+    engine_api_key: SecretStr | None = Field(
+        None,
+        description="the reference engine requires `Authorization: Bearer <this>` on every "
+        "route but `/health*` and `/metrics` (SGLang's `--api-key`); unset: no authentication",
     )
 
     @field_validator("*", mode="before")

@@ -1,5 +1,5 @@
 """``kdtree-parity``: run the gate, render a stored run's report, decide a stored run again under
-another policy, list runs, serve the service.
+another policy, list runs, write the long-context corpus, serve the service.
 
 Exit codes of ``run`` (and ``report``, ``judge``): 0 pass, 1 fail, 2 could not decide (the
 baseline side failed, too few prompts, an interrupted run, bad input or unusable outputs). The verdict and the
@@ -25,8 +25,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kdtree_parity import long_corpus
+from kdtree_parity.corpus import CorpusError, parse_corpus
 from kdtree_parity.exit_codes import ExitCode
 from kdtree_parity.policy import PolicyError, load_policy, policy_yaml
+from kdtree_parity.progress_lines import ProgressLines
 from kdtree_parity.rejudge import NotDecided, rejudge
 from kdtree_parity.report import build_report, render_with_resolution
 from kdtree_parity.report import write_report_files as write_reports
@@ -42,7 +45,7 @@ from kdtree_parity.runner import (
     prepare_run,
     start_run,
 )
-from kdtree_parity.settings import ParitySettings, SettingsError, load_settings
+from kdtree_parity.settings import ParitySettings, SettingsError, load_settings, target_tokens
 from kdtree_parity.store import (
     VERDICT_TO_STATUS,
     AsyncStore,
@@ -115,7 +118,7 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
             default=getattr(settings, f"{role}_image"),
             help=f"{role} image digest or reference, recorded in the report",
         )
-    run.add_argument("--corpus", help="JSONL path or default|short")
+    run.add_argument("--corpus", help="JSONL path or long|default|short (env KDTREE_PARITY_CORPUS)")
     run.add_argument("--policy", help="YAML path or default|short")
     run.add_argument("--out", help="reports go to OUT/RUN_ID/")
     run.add_argument(
@@ -167,6 +170,35 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     lst.add_argument("--limit", type=int, default=20)
     _add_db(lst, settings)
 
+    corpus = sub.add_parser(
+        "corpus",
+        help="write the long-context corpus (retrieval prompts in context-length buckets, "
+        "generated from a fixed seed) to a JSONL file",
+    )
+    corpus.add_argument("kind", choices=("long",), help="the corpus to generate")
+    corpus.add_argument("--out", required=True, help="the JSONL file to write")
+    corpus.add_argument(
+        "--buckets",
+        type=_token_counts,
+        default=long_corpus.DEFAULT_BUCKETS,
+        help="prompt lengths in tokens, comma-separated (default "
+        f"{','.join(map(str, long_corpus.DEFAULT_BUCKETS))})",
+    )
+    corpus.add_argument(
+        "--per-bucket", type=int, default=long_corpus.DEFAULT_PER_BUCKET, help="prompts per bucket"
+    )
+    corpus.add_argument("--seed", type=int, default=long_corpus.DEFAULT_SEED)
+    corpus.add_argument(
+        "--tokenizer",
+        help="a model directory: write input_ids of exactly each bucket's length in this "
+        "model's tokens (default: text, sized in bytes: exact for byte-level tokenizers)",
+    )
+    corpus.add_argument(
+        "--base",
+        default=long_corpus.DEFAULT_BASE,
+        help="corpus whose prompts come first (a path or shipped name; 'none' for none)",
+    )
+
     sub.add_parser("schema", help="print the JSON Schema of report.json")
 
     pol = sub.add_parser("policy", help="print a policy as the gate reads it")
@@ -184,6 +216,18 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     serve.add_argument("--port", type=int, default=settings.port)
     serve.set_defaults(settings=settings)
     return parser
+
+
+def _token_counts(value: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(
+            f"expected positive token counts like 1024,8192: {value!r}"
+        )
+    return counts
 
 
 def _print_reasons(verdict: Any, heading: str) -> None:
@@ -292,6 +336,10 @@ def _run(args: argparse.Namespace) -> int:
             if getattr(args, flag) is None:
                 setattr(args, flag, getattr(args.settings, setting))
     resolution = _resolution(args.resolution)
+    try:
+        tokens = target_tokens(args.settings)
+    except SettingsError as exc:
+        raise _Refusal(str(exc)) from None
     if not args.resume:
         if not args.baseline or not args.candidate:
             raise _Refusal("--baseline and --candidate are required")
@@ -348,9 +396,16 @@ def _run(args: argparse.Namespace) -> int:
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
             console=console,
-            disable=args.no_progress,
+            disable=args.no_progress or not console.is_terminal,
         ) as bar:
             task = bar.add_task("", total=total)
+            lines = None
+            if not args.no_progress and not console.is_terminal:
+                lines = ProgressLines(
+                    lambda line: console.print(line, highlight=False),
+                    args.settings.progress_every,
+                    args.settings.progress_seconds,
+                )
 
             def progress(done: int, _total: int, result: PromptResult | None) -> None:
                 if result is not None:
@@ -363,9 +418,18 @@ def _run(args: argparse.Namespace) -> int:
                     description=f"hard {counts['hard']} · near-tie {counts['near_tie']} · "
                     f"errors {counts['errors']}",
                 )
+                if lines is not None:
+                    lines.update(done, _total, counts)
 
             run = _run_with_signals(
-                store, run_id, progress, images, args.accept_identity_change, resolution
+                store,
+                run_id,
+                progress,
+                images,
+                args.accept_identity_change,
+                resolution,
+                tokens=tokens,
+                ticker=lines,
             )
             try:
                 asyncio.run(run)
@@ -405,13 +469,18 @@ async def _run_with_signals(
     images: dict[str, str | None],
     accept_identity_change: bool,
     resolution: ResolutionTable | None = None,
+    *,
+    tokens: dict[str, str] | None = None,
+    ticker: ProgressLines | None = None,
 ) -> None:
-    """SIGTERM cancels the run like Ctrl-C, so it is recorded as interrupted, not left running."""
+    """SIGTERM cancels the run like Ctrl-C, so it is recorded as interrupted, not left running.
+    ``ticker``: progress lines between prompts, for logs without a terminal."""
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
     if task is not None:
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
     async_store = AsyncStore(store)  # the run's own thread; the store stays the CLI's after it
+    ticking = asyncio.create_task(ticker.run_ticker()) if ticker is not None else None
     try:
         await execute_run(
             async_store,
@@ -420,10 +489,14 @@ async def _run_with_signals(
             images={role: label for role, label in images.items() if label},
             accept_identity_change=accept_identity_change,
             resolution=resolution,
+            tokens=tokens,
+            notice=lambda message: console.print(message, highlight=False),
         )
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
     finally:
+        if ticking is not None:
+            ticking.cancel()
         async_store.shutdown()
 
 
@@ -524,6 +597,33 @@ def _list(args: argparse.Namespace) -> int:
         store.close()
 
 
+def _cmd_corpus(args: argparse.Namespace) -> int:
+    """Write the generated corpus; stdout names the file, its prompts and its sha256."""
+    try:
+        encode = long_corpus.tokenizer_encoder(args.tokenizer) if args.tokenizer else None
+        data = long_corpus.long_corpus_jsonl(
+            args.buckets,
+            args.per_bucket,
+            args.seed,
+            encode,
+            base=None if args.base == "none" else args.base,
+        )
+        corpus = parse_corpus(data, source=args.out)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+    except (CorpusError, ValueError, RuntimeError, OSError) as exc:
+        console.print(f"[red]kdtree-parity corpus: {exc}", highlight=False)
+        return ExitCode.ERROR
+    longest = max(e.max_prompt_tokens for e in corpus.entries)
+    results.print(
+        f"{out}: {len(corpus)} prompts, the longest {longest} tokens at most, "
+        f"sha256 {corpus.sha256}",
+        highlight=False,
+    )
+    return ExitCode.PASSED
+
+
 def _cmd_schema(_: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(Report.model_json_schema(), indent=1) + "\n")
     return ExitCode.PASSED
@@ -576,6 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "report": _cmd_report,
         "judge": _cmd_judge,
         "list": _cmd_list,
+        "corpus": _cmd_corpus,
         "schema": _cmd_schema,
         "policy": _cmd_policy,
         "serve": _cmd_serve,

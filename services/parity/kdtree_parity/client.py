@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
+from kdtree_parity.chat import CHAT_PATH, build_chat_request, parse_chat_response
 from kdtree_parity.corpus import CorpusEntry
-from kdtree_parity.generation import MalformedResponse, parse_generate_response
+from kdtree_parity.generation import Generation, MalformedResponse, parse_generate_response
 from kdtree_parity.policy import ReplaySettings
 from kdtree_parity.results import Outcome, RequestError
 
@@ -46,6 +48,15 @@ class TargetRefused(TargetUnavailable):
         super().__init__(message)
         self.target = target
 
+
+class TargetUnauthorized(TargetUnavailable):
+    """A healthy target refused the gate's requests (HTTP 401/403): its bearer token is missing
+    or not the one it wants. Configuration, not the build: the run cannot decide."""
+
+
+# How often a wait for /health says what it is waiting for.
+WAIT_NOTICE_S = 5.0
+Notice = Callable[[str], None]
 
 # Health answers that mean "not yet": starting (503), or asked too early / too often.
 _HEALTH_NOT_YET = frozenset({408, 425, 429})
@@ -96,6 +107,19 @@ def build_generate_request(entry: CorpusEntry, replay: ReplaySettings) -> dict[s
     return body
 
 
+GENERATE_PATH = "/generate"
+# How each route's answer becomes a Generation.
+_PARSERS = {GENERATE_PATH: parse_generate_response, CHAT_PATH: parse_chat_response}
+
+
+def build_request(entry: CorpusEntry, replay: ReplaySettings) -> tuple[str, dict[str, Any]]:
+    """(route, body) for ``entry``: ``messages`` go to /v1/chat/completions, the rest to
+    /generate."""
+    if entry.is_chat:
+        return CHAT_PATH, build_chat_request(entry, replay)
+    return GENERATE_PATH, build_generate_request(entry, replay)
+
+
 class TargetClient:
     """One target URL; use as an async context manager."""
 
@@ -109,6 +133,7 @@ class TargetClient:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.replay = replay
+        self.has_token = bool(bearer_token)  # the token itself lives only in the HTTP client
         headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -126,10 +151,19 @@ class TargetClient:
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
-    async def wait_healthy(self, deadline_s: float, poll_s: float = 0.5) -> None:
+    async def wait_healthy(
+        self,
+        deadline_s: float,
+        poll_s: float = 0.5,
+        notice: Notice | None = None,
+        notice_every_s: float = WAIT_NOTICE_S,
+    ) -> None:
         """Poll GET /health until 200; raise TargetUnavailable with the last cause at the deadline,
-        or TargetRefused at once when the target answers with a client error."""
-        end = time.monotonic() + deadline_s
+        or TargetRefused at once when the target answers with a client error. ``notice`` hears
+        what is awaited, and why, every ``notice_every_s`` seconds of waiting."""
+        start = time.monotonic()
+        end = start + deadline_s
+        next_notice = start + notice_every_s
         last = "no answer yet"
         while True:
             try:
@@ -145,11 +179,38 @@ class TargetClient:
                 last = f"HTTP {resp.status_code}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() >= end:
+            now = time.monotonic()
+            if now >= end:
                 raise TargetUnavailable(
                     f"{self.name} ({self.base_url}) not healthy after {deadline_s:g}s: {last}"
                 )
+            if notice is not None and now >= next_notice:
+                notice(
+                    f"waiting for {self.name} ({self.base_url}) to be healthy: {last} "
+                    f"({now - start:.0f}s of {deadline_s:g}s)"
+                )
+                next_notice = now + notice_every_s
             await asyncio.sleep(poll_s)
+
+    async def check_access(self) -> None:
+        """Raise TargetUnauthorized when the target refuses the gate (GET /model_info answers
+        401 or 403; /health is open on SGLang even with --api-key). Other answers pass: what
+        they mean is recorded by ``identity`` and the replay."""
+        try:
+            resp = await self._http.get("/model_info", timeout=min(10.0, self.replay.timeout_s))
+        except httpx.HTTPError:
+            return
+        if resp.status_code in (401, 403):
+            variable = f"KDTREE_PARITY_{self.name.upper()}_TOKEN"
+            why = (
+                "it does not accept the bearer token it was given"
+                if self.has_token
+                else f"it requires a bearer token: set {variable} or {variable}_FILE"
+            )
+            raise TargetUnauthorized(
+                f"{self.name} ({self.base_url}) refused the gate with HTTP {resp.status_code}: "
+                + why
+            )
 
     async def identity(self) -> dict[str, Any]:
         """What the target says it is (GET /model_info); an error is recorded, not raised."""
@@ -167,8 +228,10 @@ class TargetClient:
         backoff = self.replay.backoff_s * 2 ** (attempt - 1)
         return min(self.replay.max_retry_delay_s, max(backoff, retry_after or 0.0))
 
-    async def generate(self, body: dict[str, Any]) -> Outcome:
-        """POST /generate with retries; never raises for target failures. Hold ``slot``."""
+    async def generate(self, body: dict[str, Any], path: str = GENERATE_PATH) -> Outcome:
+        """POST ``path`` (/generate or /v1/chat/completions) with retries; never raises for
+        target failures. Hold ``slot``."""
+        parse: Callable[[Any], Generation] = _PARSERS[path]
         started = time.monotonic()
         attempts = 0
         error: RequestError | None = None
@@ -179,7 +242,7 @@ class TargetClient:
             attempts += 1
             asked_wait = None
             try:
-                resp = await self._http.post("/generate", json=body)
+                resp = await self._http.post(path, json=body)
             except httpx.TimeoutException as exc:
                 kind = "connect" if isinstance(exc, httpx.ConnectTimeout) else "timeout"
                 error = RequestError(kind, f"{type(exc).__name__} after {self.replay.timeout_s:g}s")
@@ -202,7 +265,7 @@ class TargetClient:
                 )
                 break
             try:
-                generation = parse_generate_response(resp.json())
+                generation = parse(resp.json())
             except (MalformedResponse, ValueError) as exc:
                 error = RequestError("malformed", str(exc)[:500], resp.status_code)
                 break

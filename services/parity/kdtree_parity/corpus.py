@@ -4,9 +4,13 @@ One JSON object per line::
 
     {"id": "code-001", "text": "def fib(n):", "max_new_tokens": 32, "tags": ["code"]}
     {"id": "ids-001", "input_ids": [256, 72, 105]}
+    {"id": "chat-001", "messages": [{"role": "user", "content": "Name three primes."}]}
 
-``id`` (unique, non-empty string) and exactly one of ``text`` (non-empty string) or ``input_ids``
-(non-empty list of non-negative ints) are required; ``max_new_tokens`` (positive int) and
+``id`` (unique, non-empty string) and exactly one of ``text`` (non-empty string), ``input_ids``
+(non-empty list of non-negative ints) or ``messages`` (OpenAI chat format: a non-empty list of
+``{"role": ..., "content": ...}`` whose content is a string or a list of ``{"type": "text",
+"text": ...}`` parts; replayed through ``/v1/chat/completions``, so the server applies its own
+chat template) are required; the three kinds may mix in one corpus; ``max_new_tokens`` (positive int) and
 ``tags`` (list of strings) are optional. Blank lines are skipped. Strings must be valid Unicode
 (a JSON escape of a lone surrogate such as ``"\ud800"`` cannot be sent as UTF-8), and a line
 nested deeper than Python's JSON parser can follow is refused. Every problem in the file is
@@ -14,7 +18,9 @@ reported at once, each with its line number, so a broken corpus is fixed in one 
 
 The shipped corpora live in ``kdtree_parity/corpora`` (package data): ``default`` (>= 200 prompts:
 code, math, prose, several languages, a few long ones) and ``short`` (sized for the CPU reference
-engine). A corpus argument is either a path or one of those names.
+engine). ``long`` is not a file: it is generated when loaded (``long_corpus.py``, a fixed seed):
+the default corpus plus retrieval prompts in context-length buckets up to 200k. A corpus
+argument is either a path or one of those names.
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ from typing import Any
 
 # Generous but finite: a corpus entry asking for more is almost certainly a typo.
 MAX_NEW_TOKENS_LIMIT = 32768
-ALLOWED_KEYS = frozenset({"id", "text", "input_ids", "max_new_tokens", "tags"})
-BUILTIN_CORPORA = ("default", "short")
+ALLOWED_KEYS = frozenset({"id", "text", "input_ids", "messages", "max_new_tokens", "tags"})
+PROMPT_KEYS = ("text", "input_ids", "messages")
+# Roles of OpenAI's chat format that SGLang 0.5.23's ChatCompletionRequest accepts.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# A generous bound on what a chat template adds around one message (role markers, separators).
+CHAT_TEMPLATE_TOKENS = 64
+BUILTIN_CORPORA = ("default", "short", "long")
+GENERATED_CORPORA = frozenset({"long"})
 
 
 class CorpusError(ValueError):
@@ -52,6 +64,27 @@ class CorpusEntry:
     max_new_tokens: int | None = None
     tags: tuple[str, ...] = ()
     line: int = 0
+    # OpenAI chat messages, each a dict as the corpus gives it (a tuple: the entry stays frozen).
+    messages: tuple[dict[str, Any], ...] | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        """Replayed through /v1/chat/completions (the server applies its chat template)."""
+        return self.messages is not None
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """An upper bound of the prompt's length in tokens, before any target sees it: the ids
+        themselves, else the UTF-8 bytes (no byte-level tokenizer makes more tokens than bytes)
+        plus a BOS; a chat message is allowed CHAT_TEMPLATE_TOKENS more for the template."""
+        if self.input_ids is not None:
+            return len(self.input_ids)
+        if self.text is not None:
+            return len(self.text.encode("utf-8")) + 1
+        return 1 + sum(
+            len(_message_text(m).encode("utf-8")) + CHAT_TEMPLATE_TOKENS
+            for m in self.messages or ()
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The entry as it appears in the corpus (without the line number)."""
@@ -60,6 +93,8 @@ class CorpusEntry:
             out["text"] = self.text
         if self.input_ids is not None:
             out["input_ids"] = list(self.input_ids)
+        if self.messages is not None:
+            out["messages"] = [dict(m) for m in self.messages]
         if self.max_new_tokens is not None:
             out["max_new_tokens"] = self.max_new_tokens
         if self.tags:
@@ -76,6 +111,7 @@ class CorpusEntry:
             max_new_tokens=data.get("max_new_tokens"),
             tags=tuple(data.get("tags", ())),
             line=line,
+            messages=tuple(data["messages"]) if "messages" in data else None,
         )
 
     @property
@@ -83,7 +119,40 @@ class CorpusEntry:
         """A short human-readable form of the prompt for reports."""
         if self.text is not None:
             return self.text
+        if self.messages is not None:
+            return "\n".join(f"{m['role']}: {_message_text(m)}" for m in self.messages)
         return "input_ids: " + " ".join(str(t) for t in (self.input_ids or ()))
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    """A chat message's text: its string content, or its text parts joined."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or ())
+
+
+def _message_problem(index: int, message: Any) -> str | None:
+    """Why ``message`` is not an OpenAI chat message the gate can replay, or None."""
+    where = f"'messages'[{index}]"
+    if not isinstance(message, dict):
+        return f"{where} must be an object with 'role' and 'content'"
+    if message.get("role") not in CHAT_ROLES:
+        return f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}"
+    content = message.get("content")
+    if isinstance(content, str):
+        return None
+    parts_ok = (
+        isinstance(content, list)
+        and content
+        and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
+    )
+    if not parts_ok:
+        return f"{where}.content must be a string or a list of {{'type': 'text', 'text': ...}}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,9 +197,15 @@ def _validate_entry(obj: Any, line: int) -> tuple[CorpusEntry | None, list[str]]
     entry_id = obj.get("id")
     if not isinstance(entry_id, str) or not entry_id.strip():
         problems.append("'id' must be a non-empty string")
-    has_text, has_ids = "text" in obj, "input_ids" in obj
-    if has_text == has_ids:
-        problems.append("exactly one of 'text' or 'input_ids' is required")
+    has_text, has_ids, has_messages = (key in obj for key in PROMPT_KEYS)
+    if has_text + has_ids + has_messages != 1:
+        problems.append("exactly one of 'text', 'input_ids' or 'messages' is required")
+    messages = obj.get("messages")
+    if has_messages:
+        if not isinstance(messages, list) or not messages:
+            problems.append("'messages' must be a non-empty list of chat messages")
+        else:
+            problems += [p for i, m in enumerate(messages) if (p := _message_problem(i, m))]
     text = obj.get("text")
     if has_text and (not isinstance(text, str) or not text):
         problems.append("'text' must be a non-empty string")
@@ -161,6 +236,7 @@ def _validate_entry(obj: Any, line: int) -> tuple[CorpusEntry | None, list[str]]
             max_new_tokens=max_new,
             tags=tuple(tags),
             line=line,
+            messages=tuple(messages) if has_messages else None,
         ),
         [],
     )
@@ -208,8 +284,8 @@ def parse_corpus(data: bytes, source: str = "<corpus>") -> Corpus:
 
 
 def builtin_corpus_path(name: str) -> Path:
-    """Filesystem path of a shipped corpus (``default`` or ``short``)."""
-    if name not in BUILTIN_CORPORA:
+    """Filesystem path of a shipped corpus file (``default`` or ``short``)."""
+    if name not in BUILTIN_CORPORA or name in GENERATED_CORPORA:
         raise CorpusError(name, [(0, f"unknown built-in corpus; choose {BUILTIN_CORPORA}")])
     return Path(str(resources.files("kdtree_parity") / "corpora" / f"{name}.jsonl"))
 
@@ -217,6 +293,10 @@ def builtin_corpus_path(name: str) -> Path:
 def load_corpus(spec: str | Path) -> Corpus:
     """Load a corpus from a path, or a shipped one by name (a path wins if it exists)."""
     path = Path(spec)
+    if not path.exists() and str(spec) in GENERATED_CORPORA:
+        from kdtree_parity.long_corpus import long_corpus_jsonl  # it reads the shipped ones
+
+        return parse_corpus(long_corpus_jsonl(), source=str(spec))
     if not path.exists() and str(spec) in BUILTIN_CORPORA:
         path = builtin_corpus_path(str(spec))
     if not path.is_file():

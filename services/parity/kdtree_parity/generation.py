@@ -14,6 +14,10 @@ finish), and with ``--enable-metrics`` ``first_token_latency`` (time to first to
 ``decode_throughput`` (``(completion_tokens - 1) / (finish - first token)``, tokens/s;
 ``srt/observability/req_time_stats.py``). The reference engine sends all three. They are read
 into ``Timing`` for the gate's speed rule; a missing or non-numeric timing field is not an error.
+``meta_info.prompt_tokens`` (the prompt's length in the target's own tokens) places the answer in
+a context-length bucket, and with speculative decoding ``spec_verify_ct`` (verify forwards) with
+``completion_tokens`` gives the accept length, tokens per verify step
+(``srt/managers/scheduler_output_processor_mixin.py``); both are optional.
 
 Position ``i`` of both logprob lists describes the distribution that produced ``output_ids[i]``
 (a position whose top-k list came back empty is ``null``). Anything else is a malformed response,
@@ -97,6 +101,16 @@ class Generation:
     finish_reason: str | None
     text: str = ""
     timing: Timing | None = None
+    prompt_tokens: int | None = None  # meta_info.prompt_tokens: the prompt in the target's tokens
+    spec_verify_ct: int | None = None  # meta_info.spec_verify_ct: verify forwards (speculative)
+    completion_tokens: int | None = None  # meta_info.completion_tokens
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens committed per verify forward (SGLang's accept length); None without both."""
+        if self.completion_tokens is None or not self.spec_verify_ct:
+            return None
+        return self.completion_tokens / self.spec_verify_ct
 
     def top_map(self, position: int) -> dict[int, float] | None:
         """token id -> logprob of the top-k at ``position`` (None when not reported)."""
@@ -127,6 +141,9 @@ class Generation:
             "finish_reason": self.finish_reason,
             "text": self.text,
             "timing": None if self.timing is None else self.timing.to_json(),
+            "prompt_tokens": self.prompt_tokens,
+            "spec_verify_ct": self.spec_verify_ct,
+            "completion_tokens": self.completion_tokens,
         }
 
     @classmethod
@@ -142,6 +159,9 @@ class Generation:
             finish_reason=data["finish_reason"],
             text=data.get("text", ""),
             timing=None if data.get("timing") is None else Timing.from_json(data["timing"]),
+            prompt_tokens=data.get("prompt_tokens"),
+            spec_verify_ct=data.get("spec_verify_ct"),
+            completion_tokens=data.get("completion_tokens"),
         )
 
 
@@ -165,6 +185,13 @@ def _triple(item: Any, what: str) -> TopLogprob:
     # SGLang sends -inf as a JSON number only through orjson's extensions; None means unknown.
     logprob = float("-inf") if item[0] is None else _number(item[0], f"{what} logprob")
     return TopLogprob(token_id=token, logprob=logprob, text=text)
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative integer count from meta_info, else None (absent or not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def parse_generate_response(body: Any) -> Generation:
@@ -220,6 +247,9 @@ def parse_generate_response(body: Any) -> Generation:
         finish_reason=finish_type,
         text=text if isinstance(text, str) else "",
         timing=parse_timing(meta, len(output_ids)),
+        prompt_tokens=_count(meta.get("prompt_tokens")),
+        spec_verify_ct=_count(meta.get("spec_verify_ct")),
+        completion_tokens=_count(meta.get("completion_tokens")),
     )
     if problem := generation.logprob_problem():
         raise MalformedResponse(problem)

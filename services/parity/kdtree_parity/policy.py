@@ -168,6 +168,23 @@ class GateSettings(_Strict):
         description="the candidate's median decode rate may be at most this fraction below the "
         "baseline's, beyond the A/A spread (null: no speed rule)",
     )
+    # The one key whose omission does not take the shipped default's value: a policy written for
+    # a short corpus (the CPU engine, a quick check) stays usable; the shipped default asks for
+    # the deployment's context and says so.
+    min_context_tokens: int = Field(
+        0,
+        ge=0,
+        description="the longest prompt, in the baseline's tokens, the corpus must reach; a run "
+        "that does not is undecided (0: no requirement; left out: 0)",
+    )
+    max_accept_length_drop: float | None = Field(
+        _default("gate", "max_accept_length_drop"),
+        ge=0,
+        lt=1,
+        description="the candidate's mean accept length (tokens per speculative verify step) may "
+        "be at most this fraction below the floor's (the A/A' target's, else the baseline's), "
+        "overall and in every length bucket (null: not judged)",
+    )
 
 
 class Policy(_Strict):

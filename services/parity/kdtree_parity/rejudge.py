@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kdtree_parity.gate import Verdict, decide, summarize
+from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import LoadedPolicy, parse_policy
 from kdtree_parity.results import build_prompt_result
 from kdtree_parity.store import RunRecord, Store
+from kdtree_parity.verdict import judge
 
 # A run that ended any other way has no complete set of answers to decide on.
 DECIDED = frozenset({"passed", "failed"})
@@ -53,5 +54,5 @@ def rejudge(store: Store, run_id: str, policy: LoadedPolicy) -> Rejudged:
         dataclasses.replace(build_prompt_result(r.entry, r.outcomes, epsilon), notes=r.notes)
         for r in store.results(run_id)
     ]
-    verdict = decide(summarize(results, record.prompts_total), policy.policy.gate)
+    verdict = judge(results, record.prompts_total, policy.policy.gate).verdict
     return Rejudged(record, verdict, replay_differences(record, policy))

@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from kdtree_parity.client import (
+    Notice,
     TargetClient,
     TargetRefused,
     TargetUnavailable,
-    build_generate_request,
+    build_request,
     url_problem,
 )
 from kdtree_parity.corpus import Corpus, CorpusEntry, CorpusError, load_corpus, parse_corpus
-from kdtree_parity.gate import Verdict, decide, summarize
+from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
@@ -39,6 +40,7 @@ from kdtree_parity.store import (
     RunStatus,
     Store,
 )
+from kdtree_parity.verdict import judge
 
 log = logging.getLogger("kdtree_parity.runner")
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
@@ -161,6 +163,21 @@ def corpus_too_small(corpus: Corpus, policy: LoadedPolicy) -> str | None:
     return f"corpus {corpus.source} has {len(corpus)} prompts; policy {policy.source} needs {need}"
 
 
+def corpus_too_short(corpus: Corpus, policy: LoadedPolicy) -> str | None:
+    """Why ``corpus`` cannot reach ``policy``'s min_context_tokens, by the longest its prompts
+    can be (``CorpusEntry.max_prompt_tokens``, an upper bound: the targets' count decides after
+    the replay, ``verdict.py``)."""
+    need = policy.policy.gate.min_context_tokens
+    reach = max((e.max_prompt_tokens for e in corpus.entries), default=0)
+    if need == 0 or reach >= need:
+        return None
+    return (
+        f"corpus {corpus.source}'s longest prompt has at most {reach} tokens; policy "
+        f"{policy.source} needs min_context_tokens {need} (the long corpus reaches it: "
+        "--corpus long, or `kdtree-parity corpus long`)"
+    )
+
+
 class RunRefused(ValueError):
     """What keeps a run from starting, one problem a line (``problems``)."""
 
@@ -197,6 +214,8 @@ def prepare_run(
     loaded = isinstance(corpus, Corpus) and isinstance(policy, LoadedPolicy)
     if loaded and (too_small := corpus_too_small(corpus, policy)):
         problems.append(f"{too_small}: such a run could never decide")
+    if loaded and (too_short := corpus_too_short(corpus, policy)):
+        problems.append(f"{too_short}: such a run could never decide")
     problems += [
         f"{label}: {problem}"
         for label, url in urls.items()
@@ -266,6 +285,8 @@ async def execute_run(
     images: dict[str, str] | None = None,
     accept_identity_change: bool = False,
     resolution: Any = None,
+    tokens: Mapping[str, str] | None = None,
+    notice: Notice | None = None,
 ) -> RunOutcome:
     """Run (or resume) ``run_id`` as recorded in the store; always leaves it in a final status.
 
@@ -275,7 +296,10 @@ async def execute_run(
     unless ``accept_identity_change``, which records the change in the run and its report. With
     ``write_reports`` the reports are written before the final status is stored, so a run is
     never ``passed`` without them; reports that cannot be written leave it ``error``.
+    ``tokens``: bearer token by target (baseline, candidate, replica, floor), held by the HTTP
+    clients only, never stored. ``notice`` hears what the run is waiting for (default: the log).
     """
+    notice = notice or log.info
     record = await store.call(Store.get_run, run_id)
     corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
     loaded = parse_policy(record.policy_text, source=record.policy_source)
@@ -290,7 +314,9 @@ async def execute_run(
             role_client[role] = role_client["baseline"]
             continue
         name = "replica" if role == "aa" else role
-        clients[name] = role_client[role] = TargetClient(name, url, replay)
+        clients[name] = role_client[role] = TargetClient(
+            name, url, replay, bearer_token=(tokens or {}).get(name)
+        )
     stop = asyncio.Event()
     breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
     lost: list[LeaseLost] = []
@@ -298,10 +324,11 @@ async def execute_run(
     try:
         # Every wait ends by the same deadline; collect them all so the reason names every
         # target that never became healthy and no wait outlives its client.
-        waits = await asyncio.gather(
-            *(c.wait_healthy(replay.health_deadline_s) for c in clients.values()),
-            return_exceptions=True,
-        )
+        async def ready(client: TargetClient) -> None:
+            await client.wait_healthy(replay.health_deadline_s, notice=notice)
+            await client.check_access()
+
+        waits = await asyncio.gather(*(ready(c) for c in clients.values()), return_exceptions=True)
         for failure in waits:
             if isinstance(failure, BaseException) and not isinstance(failure, TargetUnavailable):
                 raise failure
@@ -327,14 +354,14 @@ async def execute_run(
                 progress(counter["done"], len(corpus), None)
 
             async def one_prompt(ordinal: int, entry: CorpusEntry) -> None:
-                body = build_generate_request(entry, replay)
+                path, body = build_request(entry, replay)
 
                 async def ask(role: Role) -> Outcome | None:
                     client = role_client[role]
                     async with client.slot:
                         if stop.is_set():
                             return None
-                        outcome = await client.generate(body)
+                        outcome = await client.generate(body, path)
                     breaker.record(client, outcome)
                     return outcome
 
@@ -351,12 +378,13 @@ async def execute_run(
                     progress(counter["done"], len(corpus), result)
 
             await asyncio.gather(*(one_prompt(i, e) for i, e in pending))
-        verdict = decide(
-            summarize(await store.call(Store.results, run_id), len(corpus)),
+        verdict = judge(
+            await store.call(Store.results, run_id),
+            len(corpus),
             loaded.policy.gate,
             aborted_because=breaker.reason,
             candidate_refused=candidate_refused,
-        )
+        ).verdict
         status = VERDICT_TO_STATUS[verdict.status]
         ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
         # Still ours? (LeaseLost) -- never report over a new owner's run.

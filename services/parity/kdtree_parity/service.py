@@ -56,7 +56,7 @@ from kdtree_parity.runner import (
     prepare_run,
     start_run,
 )
-from kdtree_parity.settings import ParitySettings, load_settings
+from kdtree_parity.settings import ParitySettings, SettingsError, load_settings, target_tokens
 from kdtree_parity.store import (
     FINAL_STATUSES,
     AsyncStore,
@@ -181,6 +181,9 @@ class ServiceSettings:
     db: str
     out: str
     lease_s: float = 60.0
+    # Bearer token by target (KDTREE_PARITY_<TARGET>_TOKEN[_FILE]), the same for every pair;
+    # held for the HTTP clients only, never shown or stored.
+    tokens: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_settings(cls, settings: ParitySettings) -> ServiceSettings:
@@ -200,8 +203,13 @@ class ServiceSettings:
                     settings.floor_image or None,
                 )
             }
+        try:
+            tokens = target_tokens(settings)
+        except SettingsError as exc:
+            raise ConfigurationError(str(exc)) from None
         return cls(
             token=settings.token,
+            tokens=tokens,
             pairs=pairs,
             corpus=settings.corpus,
             policy=settings.policy,
@@ -526,7 +534,9 @@ def _launch(state: ServiceState, record: RunRecord) -> None:
     async def run() -> None:
         status = "error"
         try:
-            outcome = await execute_run(state.run_store, run_id, progress=progress)
+            outcome = await execute_run(
+                state.run_store, run_id, progress=progress, tokens=state.settings.tokens
+            )
             status = outcome.status
         except asyncio.CancelledError:
             status = "interrupted"

@@ -6,12 +6,16 @@ README's Configuration table is generated from the field descriptions below.
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError, field_validator
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "KDTREE_PARITY_"
 LEASE_RANGE_S = (1.0, 3600.0)
+# The targets that may carry a bearer token (the replica is the A/A twin when there is one).
+TOKEN_TARGETS = ("baseline", "candidate", "replica", "floor")
 
 
 class SettingsError(ValueError):
@@ -48,7 +52,9 @@ class ParitySettings(BaseSettings):
         "", description="image digest/reference of the A/A' target, recorded in the report"
     )
     corpus: str = Field(
-        "default", description="corpus: a JSONL path or a shipped name (default, short)"
+        "long",
+        description="corpus: a JSONL path or a shipped name (long: default + prompts to 200k "
+        "tokens, generated; default; short)",
     )
     policy: str = Field(
         "default", description="policy: a YAML path or a shipped name (default, short)"
@@ -71,6 +77,33 @@ class ParitySettings(BaseSettings):
         description="service: YAML file of named target pairs (else one pair 'default' from "
         "the URLs)",
     )
+    baseline_token: SecretStr | None = Field(
+        None,
+        description="bearer token the baseline requires (SGLang's `--api-key`); never printed or "
+        "stored; or `KDTREE_PARITY_BASELINE_TOKEN_FILE`",
+    )
+    baseline_token_file: str = Field("", description="a file holding the baseline's token")
+    candidate_token: SecretStr | None = Field(
+        None, description="bearer token the candidate requires; or `..._CANDIDATE_TOKEN_FILE`"
+    )
+    candidate_token_file: str = Field("", description="a file holding the candidate's token")
+    replica_token: SecretStr | None = Field(
+        None, description="bearer token the replica (A/A twin) requires; or `..._TOKEN_FILE`"
+    )
+    replica_token_file: str = Field("", description="a file holding the replica's token")
+    floor_token: SecretStr | None = Field(
+        None, description="bearer token the A/A' target requires; or `..._FLOOR_TOKEN_FILE`"
+    )
+    floor_token_file: str = Field("", description="a file holding the A/A' target's token")
+    progress_every: int = Field(
+        10,
+        ge=1,
+        description="without a terminal (CI), `run` prints a progress line every this many "
+        "prompts (or every `KDTREE_PARITY_PROGRESS_SECONDS`)",
+    )
+    progress_seconds: float = Field(
+        30.0, gt=0, description="without a terminal, a progress line at least this often"
+    )
     host: str = Field("127.0.0.1", description="service: bind address")
     port: int = Field(8300, description="service: port")
 
@@ -89,6 +122,37 @@ def load_settings() -> ParitySettings:
         return ParitySettings()
     except ValidationError as exc:
         raise SettingsError("\n".join(_named(error) for error in exc.errors())) from None
+
+
+def target_tokens(settings: ParitySettings) -> dict[str, str]:
+    """Bearer token by target (baseline, candidate, replica, floor) from the environment
+    (``KDTREE_PARITY_<TARGET>_TOKEN``) or a file (``..._TOKEN_FILE``: its content, surrounding
+    whitespace stripped). SettingsError, naming the variable and never the token, when both are
+    set, the file cannot be read or it is empty."""
+    tokens: dict[str, str] = {}
+    problems = []
+    for target in TOKEN_TARGETS:
+        secret: SecretStr | None = getattr(settings, f"{target}_token")
+        path: str = getattr(settings, f"{target}_token_file")
+        variable = f"{ENV_PREFIX}{target.upper()}_TOKEN"
+        if secret is not None and secret.get_secret_value() and path:
+            problems.append(f"{variable} and {variable}_FILE are both set: give one")
+            continue
+        if path:
+            try:
+                token = Path(path).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(f"{variable}_FILE={path!r} cannot be read: {type(exc).__name__}")
+                continue
+            if not token:
+                problems.append(f"{variable}_FILE={path!r} is empty")
+                continue
+            tokens[target] = token
+        elif secret is not None and secret.get_secret_value().strip():
+            tokens[target] = secret.get_secret_value().strip()
+    if problems:
+        raise SettingsError("\n".join(problems))
+    return tokens
 
 
 _EXPECTED = {"float_parsing": "a number", "int_parsing": "an integer"}

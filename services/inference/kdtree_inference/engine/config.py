@@ -106,6 +106,9 @@ class EngineConfig:
     # (KDTREE_VERIFY_ATOL / _RTOL, the SGLang backend's rule and defaults).
     validate_atol: float = 0.02
     validate_rtol: float = 0.02
+    # Bearer token every route but /health* and /metrics requires (SGLang's --api-key); never
+    # shown in the config's repr.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

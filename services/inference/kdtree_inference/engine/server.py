@@ -53,6 +53,13 @@ def build_parser(settings: InferenceSettings | None = None) -> argparse.Argument
     p.add_argument("--num-heads", type=int, default=ModelConfig.num_heads)
     p.add_argument("--hidden-size", type=int, default=ModelConfig.hidden_size)
     p.add_argument(
+        "--context-length",
+        type=int,
+        default=ModelConfig.max_position,
+        help="positions the model takes, prompt and output together (SGLang's name); raise it "
+        "with --max-prompt-tokens for long-context corpora",
+    )
+    p.add_argument(
         "--weights-dir",
         default=settings.engine_weights,
         help="load model.safetensors from this directory instead of seeded weights",
@@ -158,6 +165,7 @@ def config_from_args(
         num_layers=args.num_layers,
         num_heads=args.num_heads,
         hidden_size=args.hidden_size,
+        max_position=args.context_length,
     )
     spec = SpecConfig(
         num_draft_tokens=args.speculative_num_draft_tokens,
@@ -185,6 +193,9 @@ def config_from_args(
         decode_step_delay_s=args.decode_step_delay,
         validate_atol=tolerance.atol,
         validate_rtol=tolerance.rtol,
+        api_key=None
+        if settings.engine_api_key is None
+        else settings.engine_api_key.get_secret_value(),
     )
 
 
@@ -193,6 +204,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     import uvicorn
 
     from .api import EngineAPI
+    from .auth import RequireApiKey
     from .fault_injection import log_fault
     from .metrics import EngineMetrics
     from .scheduler import Engine
@@ -202,7 +214,7 @@ def serve(config: EngineConfig, host: str, port: int, log_level: str = "info") -
     api = EngineAPI(engine, EngineMetrics(config.attention, tolerance))
     server = uvicorn.Server(
         uvicorn.Config(
-            api.app,
+            api.app if config.api_key is None else RequireApiKey(api.app, config.api_key),
             host=host,
             port=port,
             log_level=log_level,

@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kdtree_parity.buckets import bucket_of, prompt_tokens
 from kdtree_parity.compare import PairComparison
-from kdtree_parity.gate import decide, decode_rate, summarize
+from kdtree_parity.gate import decode_rate, summarize
 from kdtree_parity.policy import Policy, PolicyError, parse_policy
+from kdtree_parity.report.context import context_model
 from kdtree_parity.report.schema import (
     ComparisonModel,
     CorpusModel,
@@ -32,6 +34,7 @@ from kdtree_parity.report.schema import (
 )
 from kdtree_parity.results import ALL_ROLES, PromptResult
 from kdtree_parity.store import Store
+from kdtree_parity.verdict import judge
 
 PROMPT_CHARS = 4000
 
@@ -99,11 +102,15 @@ def _prompt(result: PromptResult) -> PromptModel:
                 elapsed_s=outcome.elapsed_s,
                 decode_tps=decode_rate(outcome),
                 ttft_s=g.timing.ttft_s if g is not None and g.timing is not None else None,
+                prompt_tokens=g.prompt_tokens if g is not None else None,
+                spec_verify_ct=g.spec_verify_ct if g is not None else None,
+                accept_length=g.accept_length if g is not None else None,
                 top_at_divergence=top,
             )
         )
     return PromptModel(
         id=result.entry.id,
+        bucket=bucket_of(prompt_tokens(result)),
         line=result.entry.line,
         tags=list(result.entry.tags),
         prompt=result.entry.prompt_preview[:PROMPT_CHARS],
@@ -139,6 +146,11 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
         refused = str(exc)
     results = store.results(run_id)
     summary = summarize(results, record.prompts_total)
+    judgement = None
+    if settings is not None:
+        why = record.error or f"the run is {record.status}"
+        unfinished = None if record.verdict is not None else f"{record.status}: {why}"
+        judgement = judge(results, record.prompts_total, settings.gate, aborted_because=unfinished)
     if record.verdict is not None:
         verdict = VerdictModel.model_validate(record.verdict)
     elif settings is None:
@@ -147,8 +159,8 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             reasons=[ReasonModel(rule="policy", outcome="undecided", message=str(refused))],
         )
     else:
-        why = record.error or f"the run is {record.status}"
-        v = decide(summary, settings.gate, aborted_because=f"{record.status}: {why}")
+        assert judgement is not None  # settings is not None here
+        v = judgement.verdict
         verdict = VerdictModel(
             status=v.status,
             reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
@@ -219,4 +231,5 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             )
             for c in record.identity_changes
         ],
+        context=None if judgement is None else context_model(judgement, settings.gate),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kdtree_parity.report.context import context_markdown
 from kdtree_parity.report.schema import Report
 
 _ICON = {"pass": "✅", "fail": "❌", "error": "⚠️", "undecided": "⚠️"}
@@ -70,6 +71,8 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         *_tests_table(report),
         *_floor_table(report),
         *_speed_table(report),
+        *context_markdown(report.context),
+        "",
         "| | candidate vs baseline | A/A | excess |",
         "|---|---|---|---|",
         f"| prompts compared | {s.candidate.compared} | {s.aa.compared} | |",

@@ -36,6 +36,15 @@ class SideModel(BaseModel):
     elapsed_s: float
     decode_tps: float | None = Field(None, description="decode tokens/s of this request")
     ttft_s: float | None = Field(None, description="time to first token, when reported")
+    prompt_tokens: int | None = Field(
+        None, description="the prompt's length in this target's tokens (meta_info.prompt_tokens)"
+    )
+    spec_verify_ct: int | None = Field(
+        None, description="speculative verify forwards for this answer (meta_info.spec_verify_ct)"
+    )
+    accept_length: float | None = Field(
+        None, description="completion_tokens / spec_verify_ct, when the target reports them"
+    )
     top_at_divergence: list[TopLogprobModel] | None = Field(
         None, description="this side's top-k at the candidate pair's first divergence"
     )
@@ -77,6 +86,7 @@ class ComparisonModel(BaseModel):
 
 class PromptModel(BaseModel):
     id: str
+    bucket: str | None = Field(None, description="context-length bucket (buckets.py)")
     line: int = Field(description="line of the entry in the corpus file")
     tags: list[str]
     prompt: str = Field(description="the prompt text (or its input_ids), cut at 4000 chars")
@@ -238,6 +248,40 @@ class PolicyModel(BaseModel):
     )
 
 
+class AcceptLengthModel(BaseModel):
+    """One target's accept length (tokens per speculative verify step) over some prompts."""
+
+    role: str
+    answers: int = Field(description="answers that reported spec_verify_ct")
+    mean: float
+
+
+class BucketModel(BaseModel):
+    """The gate's rules over one context-length bucket's prompts alone."""
+
+    label: str = Field(description="short, 1k, 8k, 32k, 128k, 200k or unmeasured")
+    prompts: int = Field(description="prompts answered without error in this bucket")
+    min_tokens: int | None = Field(description="shortest prompt, in the targets' tokens")
+    max_tokens: int | None = Field(description="longest prompt, in the targets' tokens")
+    status: str = Field(description="the rules' verdict over this bucket alone")
+    candidate: PairSummaryModel
+    aa: PairSummaryModel
+    floor: PairSummaryModel | None = None
+    reasons: list[ReasonModel]
+    accept_length: list[AcceptLengthModel] = Field(default_factory=list)
+
+
+class ContextModel(BaseModel):
+    """How far into long contexts the run looked, and what it found there."""
+
+    longest_prompt_tokens: int | None = Field(
+        description="the longest prompt the targets measured (meta_info.prompt_tokens)"
+    )
+    min_context_tokens: int = Field(description="what the policy requires (0: nothing)")
+    accept_length: list[AcceptLengthModel] = Field(default_factory=list)
+    buckets: list[BucketModel] = Field(default_factory=list)
+
+
 class Report(BaseModel):
     """A parity run's report."""
 
@@ -254,4 +298,9 @@ class Report(BaseModel):
         default_factory=list,
         description="resumes that went on against a changed target (--accept-identity-change): "
         "results from more than one build are in this run",
+    )
+    context: ContextModel | None = Field(
+        None,
+        description="the rules by context-length bucket, the longest prompt reached and "
+        "accept length (null when the stored policy is refused)",
     )
