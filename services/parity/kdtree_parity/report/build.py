@@ -206,6 +206,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
                     requests=len(rates),
                     median_decode_tps=summary.speed.median_decode(role),
                     median_ttft_s=summary.speed.median_ttft(role),
+                    median_reported_decode_tps=summary.speed.median_reported(role),
                 )
                 for role, rates in sorted(
                     summary.speed.decode_tps.items(), key=lambda kv: ALL_ROLES.index(kv[0])
