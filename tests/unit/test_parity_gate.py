@@ -36,6 +36,7 @@ def test_all_exact_passes_with_every_rule_listed() -> None:
         "candidate_errors",
         "min_prompts",
         "aa_exact",
+        "reference_targets",
         "hard_divergences",
         "exact_match_rate",
         "excess_divergence_rate",

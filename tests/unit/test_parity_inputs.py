@@ -332,7 +332,7 @@ def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> 
         "--baseline",
         "http://127.0.0.1:9",
         "--candidate",
-        "http://127.0.0.1:9",
+        "http://127.0.0.1:10",
         "--corpus",
         str(corpus),
         "--policy",

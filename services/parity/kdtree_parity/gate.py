@@ -48,6 +48,7 @@ from kdtree_parity import noninferiority
 from kdtree_parity.compare import DriftStats, PairComparison
 from kdtree_parity.noninferiority import Judgement
 from kdtree_parity.policy import GateSettings
+from kdtree_parity.reference_targets import agreement_problems
 from kdtree_parity.results import ALL_ROLES, ROLES, TRANSPORT_KINDS, Outcome, PromptResult
 from kdtree_parity.stats import TestResult, per_test_alpha
 
@@ -316,11 +317,15 @@ def decide(
     *,
     aborted_because: str | None = None,
     candidate_refused: str | None = None,
+    reference_problems: Sequence[str] = (),
 ) -> Verdict:
     """Apply every rule of ``gate`` to ``summary``.
 
     ``candidate_refused`` says why the candidate was never replayed although it answered (its
     health check returned an HTTP error): that counts as a candidate error.
+    ``reference_problems``: what the targets' identities showed wrong with the reference
+    targets (``reference_targets.identity_problems``); the floor's and the twin's agreement with
+    the baseline is checked here.
     """
     reasons: list[Reason] = []
 
@@ -364,6 +369,26 @@ def decide(
         f"{len(summary.undecidable)} prompt(s) the baseline rejected too cannot decide anything"
         + "".join(f"; {pid} ({why[:300]})" for pid, why in summary.undecidable[:10])
         + (" ..." if len(summary.undecidable) > 10 else ""),
+    )
+    floor = summary.floor
+    problems = [
+        *reference_problems,
+        *agreement_problems(
+            floor.hard if floor is not None else None,
+            floor.drift.p99 if floor is not None and floor.drift.count else None,
+            aa.hard,
+            gate.max_floor_drift_p99,
+        ),
+    ]
+    rule(
+        "reference_targets",
+        not problems,
+        "undecided",
+        "; ".join(problems)
+        or (
+            f"the {summary.noise_label} reference agrees with the baseline within the floor "
+            f"bounds (no hard divergence, p99 drift at most {gate.max_floor_drift_p99:g})"
+        ),
     )
     unreachable = summary.error_count("candidate", transport=True)
     rule(

@@ -140,6 +140,13 @@ class GateSettings(_Strict):
         ge=0,
         description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)",
     )
+    max_floor_drift_p99: float = Field(
+        _default("gate", "max_floor_drift_p99"),
+        ge=0,
+        description="the A/A' floor's own p99 drift against the baseline may be at most this "
+        "(nats); beyond it, or with any hard divergence, the floor is not an equivalent "
+        "computation and the run is undecided",
+    )
     max_finish_mismatches: int = Field(
         _default("gate", "max_finish_mismatches"),
         ge=0,

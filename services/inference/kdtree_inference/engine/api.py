@@ -95,6 +95,7 @@ class EngineAPI:
     def __init__(self, engine: Engine, metrics: Any) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.server_id = uuid.uuid4().hex
         engine.step_listeners.append(metrics.on_verify_step)
         self.app = FastAPI(title="kdtree reference engine", exception_handlers=EXCEPTION_RESPONSES)
         self.app.state.api = self
@@ -240,6 +241,9 @@ class EngineAPI:
                 "injected_fault": (cfg.injected_fault.describe() if cfg.injected_fault else None),
                 "attention_kv_splits": cfg.attention_kv_splits,
                 "decode_step_delay_s": cfg.decode_step_delay_s,
+                # This process, not the build: a gate checks that its reference targets are
+                # not the candidate behind another URL.
+                "server_id": self.server_id,
             },
         }
 
