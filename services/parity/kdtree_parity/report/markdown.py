@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kdtree_parity.report.schema import Report
+from kdtree_parity.untrusted_text import for_markdown
 
 _ICON = {"pass": "✅", "fail": "❌", "error": "⚠️", "undecided": "⚠️"}
 
@@ -67,7 +68,8 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         f"## Parity verdict: {_ICON[v.status]} **{v.status.upper()}** (run `{report.run.id}`)",
         "",
         *(
-            f"- {_ICON[r.outcome] if r.outcome != 'pass' else '✔'} `{r.rule}`: {r.message}"
+            f"- {_ICON[r.outcome] if r.outcome != 'pass' else '✔'} `{r.rule}`: "
+            f"{for_markdown(r.message)}"
             for r in v.reasons
         ),
         "",
@@ -89,20 +91,28 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         f"| {s.aa.finish_mismatch} | {s.excess.finish_mismatch} |",
         "",
         "Targets: "
-        + ", ".join(f"{t.role} `{t.url}`" for t in report.targets)
-        + f". Corpus `{report.corpus.source}` sha256 `{report.corpus.sha256[:16]}…`, "
-        f"policy `{report.policy.source}` sha256 `{report.policy.sha256[:16]}…`.",
+        + ", ".join(f"{t.role} {for_markdown(t.url)}" for t in report.targets)
+        + f". Corpus {for_markdown(report.corpus.source)} sha256 `{report.corpus.sha256[:16]}…`, "
+        f"policy {for_markdown(report.policy.source)} sha256 `{report.policy.sha256[:16]}…`.",
     ]
     for change in report.identity_changes:
         lines += [
             "",
             f"⚠️ **Resumed against a changed {change.role}** ({change.at}, accepted by override; "
-            f"this run holds results of more than one build): {'; '.join(change.differences)}",
+            f"this run holds results of more than one build): "
+            f"{for_markdown('; '.join(change.differences))}",
         ]
     if report.policy.refused:
-        lines += ["", f"⚠️ **Stored policy refused by today's rules**: {report.policy.refused}"]
+        lines += [
+            "",
+            f"⚠️ **Stored policy refused by today's rules**: {for_markdown(report.policy.refused)}",
+        ]
     for u in s.undecidable_prompts:
-        lines += ["", f"⚠️ **Undecidable prompt** `{u.id}` (the baseline rejected it): {u.why}"]
+        lines += [
+            "",
+            f"⚠️ **Undecidable prompt** {for_markdown(u.id)} (the baseline rejected it): "
+            f"{for_markdown(u.why)}",
+        ]
     flagged = [
         p
         for p in report.prompts
@@ -117,7 +127,7 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
             why = (c.divergence_reason if c is not None else "") or next(
                 (f"{side.role}: {side.error}" for side in p.sides if side.error), ""
             )
-            lines.append(f"| `{p.id}` | {p.status} | {where} | {why.replace('|', '/')} |")
+            lines.append(f"| {for_markdown(p.id)} | {p.status} | {where} | {for_markdown(why)} |")
         if len(flagged) > max_prompts:
             lines.append(f"| … {len(flagged) - max_prompts} more | | | |")
     return "\n".join(lines) + "\n"
