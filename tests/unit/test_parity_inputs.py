@@ -485,3 +485,18 @@ def test_built_wheel_ships_corpora_policies_and_templates(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["203", "24", "200", "report.html.j2"]
+
+
+def test_a_policy_reads_as_yaml_1_2() -> None:
+    """Before (YAML 1.1): ``020`` was 16, ``1:00`` was 60 and ``on`` was true, so a policy ran
+    with values other than the ones it shows."""
+    from kdtree_parity.policy import PolicyError, parse_policy
+
+    gate = parse_policy("gate:\n  min_prompts: 020\n").policy.gate
+    assert gate.min_prompts == 20
+    for text, where in (
+        ("replay:\n  timeout_s: 1:00\n", "replay.timeout_s"),
+        ("gate:\n  allow_aa_divergence: on\n", "gate.allow_aa_divergence"),
+    ):
+        with pytest.raises(PolicyError, match=rf"<policy>:2: {where}"):
+            parse_policy(text)

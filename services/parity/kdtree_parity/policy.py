@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kdtree_parity.yaml_load import compose_yaml, load_yaml
+from kdtree_parity.yaml_load import MappingNode, Node, YAMLError, compose_yaml, load_yaml
 
 BUILTIN_POLICIES = ("default", "short")
 
@@ -198,11 +198,11 @@ class LoadedPolicy:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+def _line_of(node: Node | None, loc: tuple[Any, ...]) -> int:
     """The 1-based YAML line of the value at ``loc`` (or of its nearest existing parent)."""
     line = node.start_mark.line + 1 if node is not None else 1
     for key in loc:
-        if not isinstance(node, yaml.MappingNode):
+        if not isinstance(node, MappingNode):
             break
         for key_node, value_node in node.value:
             if key_node.value == key:
@@ -219,7 +219,7 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     try:
         root = compose_yaml(text)
         data = load_yaml(text)
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise PolicyError(
