@@ -65,8 +65,9 @@ DEFAULT_FAULTS = (
     "layer_scale:1:0.02",
 )
 # ``layer_scale:L:S``: one layer's attention output scaled by (1 + S), through the reference
-# engine's ``--fault-layer L --fault-scale 1+S`` (a systematic fault: it biases the logprobs in
-# one direction, which rounding noise does not). Reference engine only.
+# engine's ``--fault-layer L --fault-scale 1+S`` or, on SGLang, a model copy with that layer's
+# ``o_proj`` scaled (a systematic fault: it biases the logprobs in one direction, which rounding
+# noise does not).
 LAYER_SCALE = "layer_scale"
 # Candidates that must pass: the same server again, and the same model with other numerics.
 CONTROLS = {"identical": {}, "equivalent_numerics": {"KDTREE_VERIFY": "on"}}
@@ -276,11 +277,19 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
     def start(
         raw: Path, tag: str, env: dict[str, str], options: dict | None = None
     ) -> Iterator[str]:
-        unknown = set(options or {}) - {"speculation"}
+        options = dict(options or {})
+        scale_output = None
+        if "fault_layer" in options:  # layer_scale: a model copy with that o_proj scaled
+            scale_output = (options.pop("fault_layer"), options.pop("fault_scale") - 1)
+        unknown = set(options) - {"speculation"}
         if unknown:
             raise ValueError(f"{tag}: options {sorted(unknown)} have no SGLang counterpart here")
         env = dict(env)
         model, fault = model_dir, parse_fault(env.get(ENV_VAR))
+        if scale_output is not None:
+            model = model_dir.with_name(f"{model_dir.name}-{tag}")
+            if not (model / "model.safetensors").is_file():
+                make_model.write_model(model, preset, device="cuda", scale_output=scale_output)
         if fault is not None and fault.kind == "weight":
             model = model_dir.with_name(f"{model_dir.name}-{tag}")
             if not (model / "model.safetensors").is_file():
@@ -299,7 +308,7 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
             cuda_graphs=False,
             radix_cache=False,
             env=env,
-            **(options or {}),
+            **options,
         )
         server = SGLangServer(spec, raw / "servers")
         try:

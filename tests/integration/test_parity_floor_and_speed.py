@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from parity_proxy import ForwardingProxy
 from parity_support import only_report, run_gate, write_inputs
+
+from kdtree_parity.runner import identity_differences
 
 pytestmark = pytest.mark.slow
 DRIFT_RULES = {"logprob_drift_p99", "logprob_drift_tail", "logprob_drift_prompt_max"}
@@ -188,3 +191,16 @@ def test_reference_targets_that_cannot_be_trusted_leave_the_run_undecided(
     reasons = {r["rule"]: r for r in report["verdict"]["reasons"]}
     assert done.returncode == 2 and reasons["reference_targets"]["outcome"] == "undecided"
     assert "the A/A' floor" in reasons["reference_targets"]["message"], reasons
+
+
+def test_model_info_names_the_process_and_the_options_that_change_the_numbers(servers) -> None:
+    """What the gate checks its reference targets and a resume against. Before: no process
+    identity, and a resume against another prefill chunk or thread count went unnoticed."""
+    engines = [httpx.get(f"{servers[n]}/model_info").json()["kdtree_engine"] for n in servers]
+    assert len({e["server_id"] for e in engines}) == len(engines)
+    assert all(e["prefill_chunk"] >= 1 and e["threads"] >= 1 for e in engines), engines
+    before = {"model_info": {"kdtree_engine": {**engines[0], "prefill_chunk": 16}}}
+    after = {"model_info": {"kdtree_engine": engines[0]}}
+    assert identity_differences(before, after) == [
+        f"/model_info kdtree_engine.prefill_chunk: 16 -> {engines[0]['prefill_chunk']}"
+    ]

@@ -500,3 +500,13 @@ def test_a_policy_reads_as_yaml_1_2() -> None:
     ):
         with pytest.raises(PolicyError, match=rf"<policy>:2: {where}"):
             parse_policy(text)
+
+
+def test_retry_delays_are_bounded() -> None:
+    """Before: ``backoff_s`` and ``max_retry_delay_s`` had no upper bound, so one 502 with a huge
+    backoff stalled the run for good."""
+    from kdtree_parity.policy import PolicyError, parse_policy
+
+    for key, value in (("backoff_s", 1e6), ("max_retry_delay_s", 86400)):
+        with pytest.raises(PolicyError, match=rf"<policy>:2: replay\.{key}: .*less than"):
+            parse_policy(f"replay:\n  {key}: {value}\n")

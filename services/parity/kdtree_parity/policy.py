@@ -85,12 +85,17 @@ class ReplaySettings(_Strict):
         "HTTP 429/502/503)",
     )
     backoff_s: float = Field(
-        _default("replay", "backoff_s"), ge=0, description="first retry delay; doubles every retry"
+        _default("replay", "backoff_s"),
+        ge=0,
+        le=60,
+        description="first retry delay; doubles every retry (at most 60 s)",
     )
     max_retry_delay_s: float = Field(
         _default("replay", "max_retry_delay_s"),
         ge=0,
-        description="no retry waits longer, neither the doubled backoff nor a Retry-After",
+        le=300,
+        description="no retry waits longer, neither the doubled backoff nor a Retry-After "
+        "(at most 300 s: one answer can never stall a run for good)",
     )
     retry_on_timeout: bool = Field(
         _default("replay", "retry_on_timeout"),

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Annotated, Any
 
+import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -240,6 +241,10 @@ class EngineAPI:
                 "fault_scale": cfg.fault_scale,
                 "injected_fault": (cfg.injected_fault.describe() if cfg.injected_fault else None),
                 "attention_kv_splits": cfg.attention_kv_splits,
+                # Options that change the numbers: a resumed run compares them with the start.
+                "prefill_chunk": cfg.prefill_chunk,
+                "max_batch_size": cfg.max_batch_size,
+                "threads": torch.get_num_threads(),
                 "decode_step_delay_s": cfg.decode_step_delay_s,
                 # This process, not the build: a gate checks that its reference targets are
                 # not the candidate behind another URL.
