@@ -510,3 +510,15 @@ def test_retry_delays_are_bounded() -> None:
     for key, value in (("backoff_s", 1e6), ("max_retry_delay_s", 86400)):
         with pytest.raises(PolicyError, match=rf"<policy>:2: replay\.{key}: .*less than"):
             parse_policy(f"replay:\n  {key}: {value}\n")
+
+
+def test_corpus_lines_end_at_newlines_only_and_keys_are_unique() -> None:
+    """Before: a prompt holding U+2028 or U+0085 was cut into two lines (two invalid entries),
+    and a line naming "text" twice kept the last one silently."""
+    separators = '{"id": "a", "text": "one\u2028two\u0085three"}\r\n{"id": "b", "text": "x"}\n'
+    corpus = parse_corpus(separators.encode(), source="c.jsonl")
+    assert [e.text for e in corpus.entries] == ["one\u2028two\u0085three", "x"]
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: duplicate key 'text'"):
+        parse_corpus(
+            b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y", "text": "z"}\n', "c.jsonl"
+        )
