@@ -150,12 +150,15 @@ def test_speed_is_the_sidecars_own_clock(servers, tmp_path: Path) -> None:
     tokens/s PASSED; an equally fast one whose answers lack timing fields FAILED; a twin as slow
     as the candidate scaled the limit so that the slow candidate PASSED."""
     boasting = ForwardingProxy(servers["slow"], rewrite=_reported_speed(10000.0))
-    silent = ForwardingProxy(servers["op"], rewrite=_reported_speed(None))
+    # Equally fast: the baseline's own process behind two proxies, one of them dropping the
+    # timing fields (the same proxy cost on both sides).
+    silent = ForwardingProxy(servers["baseline"], rewrite=_reported_speed(None))
+    plain = ForwardingProxy(servers["baseline"])
     try:
         done, speed = _speed_gate(tmp_path / "boasting", servers["baseline"], boasting.url)
         assert (done.returncode, speed["outcome"]) == (1, "fail"), speed
         assert "self-reported decode 1e+04" in speed["message"] and "not used" in speed["message"]
-        done, speed = _speed_gate(tmp_path / "silent", servers["baseline"], silent.url)
+        done, speed = _speed_gate(tmp_path / "silent", plain.url, silent.url)
         assert speed["outcome"] == "pass", (speed, done.stdout[-2000:])
         done, speed = _speed_gate(
             tmp_path / "slow_twin",
@@ -166,8 +169,8 @@ def test_speed_is_the_sidecars_own_clock(servers, tmp_path: Path) -> None:
         )
         assert speed["outcome"] != "pass" and done.returncode != 0, speed
     finally:
-        boasting.close()
-        silent.close()
+        for proxy in (boasting, silent, plain):
+            proxy.close()
 
 
 def test_reference_targets_that_cannot_be_trusted_leave_the_run_undecided(
