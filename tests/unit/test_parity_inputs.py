@@ -522,3 +522,14 @@ def test_corpus_lines_end_at_newlines_only_and_keys_are_unique() -> None:
         parse_corpus(
             b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y", "text": "z"}\n', "c.jsonl"
         )
+
+
+def test_a_refused_out_dir_leaves_no_empty_folder(tmp_path: Path, monkeypatch) -> None:
+    """Before: the folders made for the write check stayed behind when --out was refused."""
+    from kdtree_parity import cli
+
+    monkeypatch.setattr(cli, "MIN_FREE_BYTES", 1 << 62)  # no disk has that much free
+    out = tmp_path / "new" / "reports"
+    with pytest.raises(cli._Refusal, match="MiB free"):
+        cli._check_out_dir(str(out))
+    assert list(tmp_path.iterdir()) == []

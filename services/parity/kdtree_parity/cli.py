@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -246,6 +247,8 @@ def _check_out_dir(out: str) -> Path:
     PROBE_BYTES, flushed to the device, and MIN_FREE_BYTES left after it. Creating an empty file
     is not enough: it succeeds on a full disk."""
     path = Path(out).resolve()
+    # The folders this check creates, deepest last: a refusal removes them again.
+    created = [p for p in (path, *path.parents) if not p.exists()][::-1]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-") as probe:
@@ -253,14 +256,19 @@ def _check_out_dir(out: str) -> Path:
             probe.flush()
             os.fsync(probe.fileno())
         stat = os.statvfs(path)
-    except OSError as exc:
+        free = stat.f_bavail * stat.f_frsize
+        if free < MIN_FREE_BYTES:
+            raise _Refusal(
+                f"cannot write reports to {path}: {free / 2**20:.1f} MiB free, the reports need "
+                f"at least {MIN_FREE_BYTES >> 20} MiB"
+            )
+    except (OSError, _Refusal) as exc:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(exc, _Refusal):
+            raise
         raise _Refusal(f"cannot write reports to {path}: {exc}") from None
-    free = stat.f_bavail * stat.f_frsize
-    if free < MIN_FREE_BYTES:
-        raise _Refusal(
-            f"cannot write reports to {path}: {free / 2**20:.1f} MiB free, the reports need "
-            f"at least {MIN_FREE_BYTES >> 20} MiB"
-        )
     return path
 
 
