@@ -150,10 +150,10 @@ def test_speed_is_the_sidecars_own_clock(servers, tmp_path: Path) -> None:
     tokens/s PASSED; an equally fast one whose answers lack timing fields FAILED; a twin as slow
     as the candidate scaled the limit so that the slow candidate PASSED."""
     boasting = ForwardingProxy(servers["slow"], rewrite=_reported_speed(10000.0))
-    # Equally fast: the baseline's own process behind two proxies, one of them dropping the
-    # timing fields (the same proxy cost on both sides).
-    silent = ForwardingProxy(servers["baseline"], rewrite=_reported_speed(None))
-    plain = ForwardingProxy(servers["baseline"])
+    # Equally fast: two processes of one configuration behind a proxy each, one of them
+    # dropping the timing fields (the same proxy cost on both sides).
+    silent = ForwardingProxy(servers["floor_again"], rewrite=_reported_speed(None))
+    plain = ForwardingProxy(servers["floor"])
     try:
         done, speed = _speed_gate(tmp_path / "boasting", servers["baseline"], boasting.url)
         assert (done.returncode, speed["outcome"]) == (1, "fail"), speed
