@@ -87,6 +87,8 @@ def test_identities_show_one_process_behind_two_urls_and_a_floor_of_another_mode
     assert identity_problems(fine) == []
     (same,) = identity_problems({**fine, "floor": _info("c")})
     assert "the floor and the candidate are one server process" in same
+    (disguised,) = identity_problems({**fine, "candidate": _info("b")})
+    assert "the candidate and the baseline are one server process" in disguised
     (twin,) = identity_problems({**fine, "aa": _info("c")})
     assert "the aa and the candidate are one server process" in twin
     problems = identity_problems({**fine, "floor": _info("f", model="other", digest="x")})
