@@ -27,6 +27,7 @@ UNITS = {
     "weight": "relative weight noise in one layer",
     "kv_drop": "position of the one KV row masked out (later = smaller)",
     "tree_mask": "draft-tree row shown one extra node (later = smaller)",
+    "layer_scale": "relative scale error of one layer's attention output",
 }
 
 
