@@ -276,7 +276,7 @@ def _refuse(action: Callable[[], int]) -> int:
     try:
         return action()
     except _Refusal as exc:
-        console.print(f"[red]{for_terminal(exc)}", highlight=False)
+        console.print(f"[red]{for_terminal(exc, keep_newlines=True)}", highlight=False)
         return ExitCode.ERROR
 
 
@@ -397,7 +397,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise _Refusal(f"run {run_id} was taken over by another process: {exc}") from None
             except Exception as exc:  # recorded as an error run by execute_run; say why, exit 2
                 console.print(
-                    f"[red]run failed: {type(exc).__name__}: {for_terminal(exc)}", highlight=False
+                    f"[red]run failed: {type(exc).__name__}: {for_terminal(exc, keep_newlines=True)}",
+                    highlight=False,
                 )
         record = store.get_run(run_id)
         paths = None
@@ -565,7 +566,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     try:
         loaded = load_policy(args.show)
     except PolicyError as exc:
-        console.print(f"[red]{for_terminal(exc)}", highlight=False)
+        console.print(f"[red]{for_terminal(exc, keep_newlines=True)}", highlight=False)
         return ExitCode.ERROR
     sys.stdout.write(f"# effective policy of {loaded.source} (sha256 {loaded.sha256})\n")
     sys.stdout.write(policy_yaml(loaded.policy))
@@ -580,7 +581,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(ServiceSettings.from_settings(args.settings))
     except ConfigurationError as exc:
-        console.print(f"[red]kdtree-parity serve: {for_terminal(exc)}", highlight=False)
+        console.print(
+            f"[red]kdtree-parity serve: {for_terminal(exc, keep_newlines=True)}", highlight=False
+        )
         return ExitCode.ERROR
     # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
     # too), so a client never reuses a connection the service is closing at that moment.
@@ -592,7 +595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except SettingsError as exc:
-        console.print(f"[red]kdtree-parity: {for_terminal(exc)}", highlight=False)
+        console.print(
+            f"[red]kdtree-parity: {for_terminal(exc, keep_newlines=True)}", highlight=False
+        )
         return ExitCode.ERROR
     args = build_parser(settings).parse_args(argv)
     handler = {

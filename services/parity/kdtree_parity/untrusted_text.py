@@ -33,9 +33,10 @@ def printable(text: object, keep_newlines: bool = False) -> str:
     return "".join(out)
 
 
-def for_terminal(text: object) -> str:
-    """``text`` on one line, Rich markup escaped: for ``Console.print`` with markup on."""
-    return rich_escape(printable(text))
+def for_terminal(text: object, keep_newlines: bool = False) -> str:
+    """``text`` on one line (``keep_newlines``: an error message of several lines of the gate's
+    own), Rich markup escaped: for ``Console.print`` with markup on."""
+    return rich_escape(printable(text, keep_newlines))
 
 
 # Characters with a meaning in CommonMark/GFM inline text (the text never starts a line: line
