@@ -273,3 +273,16 @@ def test_a_one_prompt_run_is_judged_on_its_point_estimate() -> None:
     assert speed.outcome == "pass" and speed.test.interval[0] == speed.test.interval[1]
     slow = _reason(decide(_run(3e-4, 3e-4, n=1, cand_tps=30.0), GATE), "speed")
     assert slow.outcome == "fail"
+
+
+def test_the_stated_power_is_the_binomial_tests_own() -> None:
+    from scipy import stats
+
+    from kdtree_parity.noninferiority import smallest_detectable_rate
+
+    # Against a share of 0 any unit above the threshold fails: 80% power to see one of n.
+    assert smallest_detectable_rate(5, 0.0, 0.01) == pytest.approx(1 - 0.2 ** (1 / 5))
+    share = smallest_detectable_rate(240, 0.01, 0.01)
+    k = next(k for k in range(241) if stats.binom.sf(k - 1, 240, 0.01) < 0.01)
+    assert stats.binom.sf(k - 1, 240, share) == pytest.approx(0.8, abs=1e-6)
+    assert smallest_detectable_rate(3, 0.25, 0.01) == 1.0  # 3 units can never reject
