@@ -147,8 +147,10 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             reasons=[ReasonModel(rule="policy", outcome="undecided", message=str(refused))],
         )
     else:
-        why = record.error or f"the run is {record.status}"
-        v = decide(summary, settings.gate, aborted_because=f"{record.status}: {why}")
+        # The error's first line: a stored traceback (the database stayed locked, a crash)
+        # belongs to run.error, not to a reason of the verdict.
+        why = (record.error or "").strip().splitlines()[:1] or [f"the run is {record.status}"]
+        v = decide(summary, settings.gate, aborted_because=f"{record.status}: {why[0]}")
         verdict = VerdictModel(
             status=v.status,
             reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
