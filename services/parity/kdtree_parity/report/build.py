@@ -149,7 +149,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
     else:
         # The error's first line: a stored traceback (the database stayed locked, a crash)
         # belongs to run.error, not to a reason of the verdict.
-        why = (record.error or "").strip().splitlines()[:1] or [f"the run is {record.status}"]
+        why = (record.error or "").strip().splitlines()[:1] or [_no_end(record.status)]
         v = decide(summary, settings.gate, aborted_because=f"{record.status}: {why[0]}")
         verdict = VerdictModel(
             status=v.status,
@@ -223,3 +223,15 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             for c in record.identity_changes
         ],
     )
+
+
+def _no_end(status: str) -> str:
+    """Why a run with no recorded error has no verdict either."""
+    if status == "running":
+        # A run whose process stopped before it could record its end (a full disk, a kill)
+        # looks the same as one still going: say both.
+        return (
+            "no end recorded: the run is still going, or its process stopped before it could "
+            "record one (a full disk, a kill; its lease then expires and --resume finishes it)"
+        )
+    return f"the run is {status}"
