@@ -82,36 +82,3 @@ def test_each_medium_escapes_its_own_markup() -> None:
     assert printable("a\nb", keep_newlines=True) == "a\nb"
     assert for_terminal("[red]x[/]\n") == "\\[red]x\\[/]\\u000a"
     assert for_markdown("*a* | `b` <i>") == "\\*a\\* \\| \\`b\\` &lt;i&gt;"
-
-
-def test_a_stored_traceback_stays_out_of_the_verdict(tmp_path: Path) -> None:
-    """Before: a run ended by an exception (the database locked past its busy timeout) showed
-    the whole traceback as the verdict's ``complete`` reason."""
-    db = tmp_path / "runs.sqlite3"
-    store = Store(db)
-    corpus = parse_corpus(b'{"id": "x", "text": "x"}\n', source="c.jsonl")
-    policy = parse_policy(POLICY, source="p.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
-    error = (
-        "OperationalError: database is locked\nTraceback (most recent call last):\n"
-        '  File "runner.py", line 1, in execute_run\nsqlite3.OperationalError: database is locked'
-    )
-    store.finish_run(run_id, "error", error=error)
-    store.close()
-    done = _cli("report", run_id, "--format", "md", "--db", db)
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stdout
-    assert "run stopped: error: OperationalError: database is locked" in done.stdout
-
-
-def test_a_run_that_recorded_no_end_says_so(tmp_path: Path) -> None:
-    """Before: a run whose process could not record its end (a full disk) read "the run is
-    running"."""
-    db = tmp_path / "runs.sqlite3"
-    store = Store(db)
-    corpus = parse_corpus(b'{"id": "x", "text": "x"}\n', source="c.jsonl")
-    policy = parse_policy(POLICY, source="p.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
-    store.close()
-    done = _cli("report", run_id, "--format", "md", "--db", db)
-    assert "no end recorded" in done.stdout and "the run is running" not in done.stdout
