@@ -62,7 +62,13 @@ DEFAULT_FAULTS = (
     "tree_mask:7",
     "tree_mask:3",
     "tree_mask:0",
+    "layer_scale:1:0.02",
 )
+# ``layer_scale:L:S``: one layer's attention output scaled by (1 + S), through the reference
+# engine's ``--fault-layer L --fault-scale 1+S`` or, on SGLang, a model copy with that layer's
+# ``o_proj`` scaled (a systematic fault: it biases the logprobs in one direction, which rounding
+# noise does not).
+LAYER_SCALE = "layer_scale"
 # Candidates that must pass: the same server again, and the same model with other numerics.
 CONTROLS = {"identical": {}, "equivalent_numerics": {"KDTREE_VERIFY": "on"}}
 
@@ -132,9 +138,27 @@ def candidates(
             Candidate(floor.name, {"KDTREE_VERIFY": "off", ENV_VAR: ""}, options=floor.options)
         )
     for spec in faults:
+        if spec.startswith(f"{LAYER_SCALE}:"):
+            layer, size = layer_scale(spec)
+            options = {"fault_layer": layer, "fault_scale": 1 + size}
+            stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
+            out.append(Candidate(spec, stock, LAYER_SCALE, size, options=options))
+            continue
         fault = parse_fault(spec)  # refuses a malformed grid before any server starts
         out.append(Candidate(spec, {"KDTREE_VERIFY": "off", ENV_VAR: spec}, fault.kind, fault.size))
     return out
+
+
+def layer_scale(spec: str) -> tuple[int, float]:
+    """``layer_scale:L:S`` -> (L, S); ValueError names a malformed value."""
+    parts = spec.split(":")
+    try:
+        layer, size = int(parts[1]), float(parts[2])
+    except (IndexError, ValueError):
+        raise ValueError(f"{spec!r}: expected {LAYER_SCALE}:LAYER:SIZE") from None
+    if len(parts) != 3 or layer < 0 or not 0 < abs(size) < 1:
+        raise ValueError(f"{spec!r}: expected {LAYER_SCALE}:LAYER:SIZE, 0 < |SIZE| < 1")
+    return layer, size
 
 
 def write_corpus(path: Path, prompts: int) -> Path:
@@ -255,11 +279,19 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
     def start(
         raw: Path, tag: str, env: dict[str, str], options: dict | None = None
     ) -> Iterator[str]:
-        unknown = set(options or {}) - {"speculation"}
+        options = dict(options or {})
+        scale_output = None
+        if "fault_layer" in options:  # layer_scale: a model copy with that o_proj scaled
+            scale_output = (options.pop("fault_layer"), options.pop("fault_scale") - 1)
+        unknown = set(options) - {"speculation"}
         if unknown:
             raise ValueError(f"{tag}: options {sorted(unknown)} have no SGLang counterpart here")
         env = dict(env)
         model, fault = model_dir, parse_fault(env.get(ENV_VAR))
+        if scale_output is not None:
+            model = model_dir.with_name(f"{model_dir.name}-{tag}")
+            if not (model / "model.safetensors").is_file():
+                make_model.write_model(model, preset, device="cuda", scale_output=scale_output)
         if fault is not None and fault.kind == "weight":
             model = model_dir.with_name(f"{model_dir.name}-{tag}")
             if not (model / "model.safetensors").is_file():
@@ -278,7 +310,7 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
             cuda_graphs=False,
             radix_cache=False,
             env=env,
-            **(options or {}),
+            **options,
         )
         server = SGLangServer(spec, raw / "servers")
         try:
@@ -384,7 +416,7 @@ def resolution(cells: list[Cell], sizes: list[int]) -> dict:
     "smallest detected" is the largest position or row that failed."""
     out: dict = {}
     for kind in sorted({c.kind for c in cells if c.kind}):
-        larger_is_worse = kind in ("scale", "weight")
+        larger_is_worse = kind in ("scale", "weight", LAYER_SCALE)
         per_size = {}
         for k in sizes:
             mine = [c for c in cells if c.kind == kind and c.prompts == k]
@@ -492,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = sorted({int(k) for k in args.corpus_sizes.split(",") if k.strip()})
         faults = [f.strip() for f in args.faults.split(",") if f.strip()]
         for spec in faults:
-            parse_fault(spec)
+            layer_scale(spec) if spec.startswith(f"{LAYER_SCALE}:") else parse_fault(spec)
     except ValueError as exc:
         print(f"parity_resolution: {exc}", file=sys.stderr)
         return 2

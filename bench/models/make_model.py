@@ -337,9 +337,12 @@ def write_model(
     branch_scale: float = 0.1,
     device: str = "cpu",
     perturb: tuple[int, float] | None = None,
+    scale_output: tuple[int, float] | None = None,
 ) -> dict:
     """Write the model directory; returns its config (with the generator's settings added).
-    ``perturb``: (layer, relative size) of a weight fault in one target layer (TEST ONLY)."""
+    ``perturb``: (layer, relative size) of a weight fault in one target layer (TEST ONLY).
+    ``scale_output``: (layer, S): that target layer's attention output times (1 + S), its
+    ``o_proj`` scaled (the reference engine's ``--fault-layer L --fault-scale 1+S``; TEST ONLY)."""
     from safetensors.torch import save_file
 
     if device == "meta":
@@ -350,6 +353,12 @@ def write_model(
     realized = None
     if perturb is not None:
         tensors, realized = perturbed(tensors, config, *perturb)
+    if scale_output is not None:
+        layer, size = scale_output
+        if not 0 <= layer < config["num_hidden_layers"]:
+            raise ValueError(f"scale_output layer {layer} out of range")
+        name = f"model.layers.{layer}.self_attn.o_proj.weight"
+        tensors[name] = (tensors[name].float() * (1 + size)).to(tensors[name].dtype)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["kdtree_model"] = {
         "preset": preset,
@@ -359,6 +368,8 @@ def write_model(
         "branch_scale": branch_scale,
         "parameters": sum(t.numel() for t in tensors.values()),
     }
+    if scale_output is not None:
+        config["kdtree_model"]["scale_output"] = {"layer": scale_output[0], "size": scale_output[1]}
     if perturb is not None:
         config["kdtree_model"]["perturb"] = {
             "layer": perturb[0],

@@ -37,7 +37,7 @@ def passed_run(db: Path) -> str:
     store = Store(db)
     corpus = parse_corpus(b'{"id": "a", "text": "x"}\n', source="c.jsonl")
     policy = parse_policy("gate: {min_prompts: 1}\n")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:9", "http://127.0.0.1:9"))
+    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:9", "http://127.0.0.1:10"))
     g = Generation(
         output_ids=(1, 2),
         token_logprobs=(-0.1, -0.1),
@@ -90,7 +90,7 @@ def test_a_full_out_dir_is_refused_before_the_replay(tmp_path: Path) -> None:
     out, db = tmp_path / "full", tmp_path / "runs.sqlite3"
     cli = (
         f"{PY} -m kdtree_parity.cli run --baseline http://127.0.0.1:9 --candidate "
-        f"http://127.0.0.1:9 --corpus {corpus} --policy {policy} --out {out}/reports "
+        f"http://127.0.0.1:10 --corpus {corpus} --policy {policy} --out {out}/reports "
         f"--db {db} --no-progress"
     )
     done = in_private_mounts(full_tmpfs(out) + f" && {cli}; echo left: $(ls -A {out})")
@@ -98,7 +98,8 @@ def test_a_full_out_dir_is_refused_before_the_replay(tmp_path: Path) -> None:
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"cannot write reports to {out}/reports: ")
     assert "No space left on device" in line or "MiB free" in line
-    assert done.stdout.split() == ["left:", "fill", "reports"]  # no probe file left behind
+    # No probe file and no folder of the check's own left behind.
+    assert done.stdout.split() == ["left:", "fill"]
     assert not db.exists()  # refused before a run (or even the database) was made
 
 

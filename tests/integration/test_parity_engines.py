@@ -96,7 +96,7 @@ def test_faulty_candidate_fails_with_named_hard_divergences(
     assert sides["baseline"]["top_at_divergence"] and sides["candidate"]["top_at_divergence"]
     # The Markdown summary (CI job pages) names it too.
     md = run_cli("report", report["run"]["id"], "--db", db, "--format", "md")
-    assert md.returncode == 1 and f"`{hard_ids[0]}` | hard" in md.stdout
+    assert md.returncode == 1 and f"| {hard_ids[0]} | hard" in md.stdout
     check_html_in_chromium(out / report["run"]["id"] / "report.html", hard_ids[0], tmp_path)
 
 
@@ -116,7 +116,11 @@ def test_logprob_drift_catches_a_numerics_change_before_any_token_flips(
     assert s["aa"]["drift"]["max"] == 0.0
     assert s["candidate"]["drift"]["p99"] > 0.0005
     failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
-    assert failing == ["logprob_drift_p99"]
+    assert failing == [
+        "logprob_drift_p99",
+        "logprob_drift_tail",
+        "logprob_drift_prompt_max",
+    ]  # every drift rule, nothing else
 
 
 def chromium() -> str:
@@ -296,4 +300,5 @@ def test_shipped_short_policy_fails_a_perturbation_on_drift_alone_and_passes_the
         assert report["summary"]["candidate"]["hard"] == 0, why[name]
         failing = [r["rule"] for r in report["verdict"]["reasons"] if r["outcome"] != "pass"]
         verdicts[name] = (done.returncode, failing)
-    assert verdicts == {"op": (0, []), "perturbed": (1, ["logprob_drift_p99"])}, why
+    drift_rules = ["logprob_drift_p99", "logprob_drift_tail", "logprob_drift_prompt_max"]
+    assert verdicts == {"op": (0, []), "perturbed": (1, drift_rules)}, why

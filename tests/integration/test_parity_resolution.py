@@ -1,6 +1,7 @@
 """The gate's resolution on real reference engines: a small grid of bench/parity_resolution.py
-(12 prompts, the shipped short policy) against the committed table. The identical and the
-equivalent-numerics (KDTREE_VERIFY=on) candidates pass; every fault kind at the smallest size the
+(12 prompts, the shipped short policy, the split-KV floor the committed table was measured
+against) against the committed table. The identical, the equivalent-numerics (KDTREE_VERIFY=on)
+and the floor's own configuration as candidates pass; every fault kind at the smallest size the
 committed table says this corpus detects fails; every verdict and failing rule equals the
 committed cell (the engine is float32 and batch-invariant, so the table is deterministic); a
 report given the table prints that resolution."""
@@ -39,15 +40,29 @@ def test_small_grid_matches_the_committed_table(tmp_path):
     committed = json.loads(COMMITTED.read_text())
     assert PROMPTS in committed["corpus_sizes"] and committed["policy"]["min_prompts"] == PROMPTS
     faults = at_resolution(committed)
-    assert {f.split(":")[0] for f in faults} == {"scale", "weight", "kv_drop", "tree_mask"}
+    assert {f.split(":")[0] for f in faults} == {
+        "scale",
+        "weight",
+        "kv_drop",
+        "tree_mask",
+        "layer_scale",
+    }
+    assert committed["floor"] == "baseline with --attention-kv-splits 3"
     table = parity_resolution.measure(
-        faults, [PROMPTS], tmp_path / "res", "short", log=lambda _: None, pack_raw=False
+        faults,
+        [PROMPTS],
+        tmp_path / "res",
+        "short",
+        log=lambda _: None,
+        pack_raw=False,
+        floor=parity_resolution.kv_splits_floor(3),
     )
     cells = {c["candidate"]: c for c in table["cells"]}
     assert cells["identical"]["verdict"] == "pass"
     assert cells["identical"]["figures"]["drift_max"] == 0.0
     assert cells["equivalent_numerics"]["verdict"] == "pass"
     assert cells["equivalent_numerics"]["figures"]["drift_max"] > 0  # other numerics, really
+    assert cells["kv_splits_3"]["verdict"] == "pass"
     for fault in faults:
         assert cells[fault]["verdict"] == "fail", (fault, cells[fault])
     expected = {(c["candidate"], c["prompts"]): c for c in committed["cells"]}
@@ -68,4 +83,5 @@ def test_small_grid_matches_the_committed_table(tmp_path):
     for kind, per_size in committed["resolution"].items():
         size = per_size[str(PROMPTS)]["smallest_detected"]
         shown_size = f"{int(size)}" if kind in ("kv_drop", "tree_mask") else f"{size:g}"
-        assert f"| `{kind}` | {kind}:{shown_size} |" in shown.stdout
+        name = kind.replace("_", "\\_")  # Markdown-escaped
+        assert f"| {name} | {name}:{shown_size} |" in shown.stdout

@@ -21,7 +21,7 @@ def service_env(tmp_path: Path, **overrides: str) -> dict[str, str]:
     env = {
         "KDTREE_PARITY_TOKEN": TOKEN,
         "KDTREE_PARITY_BASELINE_URL": "http://127.0.0.1:9",
-        "KDTREE_PARITY_CANDIDATE_URL": "http://127.0.0.1:9",
+        "KDTREE_PARITY_CANDIDATE_URL": "http://127.0.0.1:10",
         "KDTREE_PARITY_CORPUS": "short",
         "KDTREE_PARITY_POLICY": "short",
         "KDTREE_PARITY_DB": str(tmp_path / "runs.sqlite3"),

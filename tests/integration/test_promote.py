@@ -336,7 +336,10 @@ def test_gate_that_cannot_decide_tags_nothing(reference_server, stage) -> None:
 
 def test_sidecar_refusing_its_input_is_an_error(stage) -> None:
     """A policy asking for more prompts than the corpus has: exit 2 and no report at all."""
-    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    urls = {
+        "inference-baseline": "http://127.0.0.1:9",
+        "inference-candidate": "http://127.0.0.1:10",
+    }
     sandbox = stage(urls)
     write_policy(Path(sandbox.env["KDTREE_PARITY_POLICY"]), {"gate": {"min_prompts": 500}})
     result = sandbox.promote("err2")
@@ -355,7 +358,10 @@ def test_sidecar_refusing_its_input_is_an_error(stage) -> None:
     ids=["unhealthy", "sidecar-killed", "build-failed"],
 )
 def test_erroring_gate_tags_nothing(stage, failure: dict[str, int], message: str) -> None:
-    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    urls = {
+        "inference-baseline": "http://127.0.0.1:9",
+        "inference-candidate": "http://127.0.0.1:10",
+    }
     sandbox = stage(urls, FAKE_DOCKER_FAIL=json.dumps(failure))
     result = sandbox.promote("e1")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -376,7 +382,10 @@ def test_revision_comes_from_git_and_a_dirty_tree_is_refused(stage, tmp_path: Pa
     subprocess.run([*git, "add", "file.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-    urls = {"inference-baseline": "http://127.0.0.1:9", "inference-candidate": "http://127.0.0.1:9"}
+    urls = {
+        "inference-baseline": "http://127.0.0.1:9",
+        "inference-candidate": "http://127.0.0.1:10",
+    }
     sandbox = stage(urls, FAKE_DOCKER_FAIL=json.dumps({"up": 1}))
     common = f"--context {repo} --records {sandbox.records} --reports {sandbox.reports}"
 

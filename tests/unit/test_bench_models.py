@@ -386,6 +386,23 @@ def test_perturb_writes_one_layer_moved_by_the_relative_size(tmp_path, tiny) -> 
     assert make_model.main([str(tmp_path / "m"), "--perturb", "9:0.1"]) == 2
 
 
+def test_scale_output_scales_one_layers_o_proj(tmp_path, tiny) -> None:
+    """The SGLang counterpart of the reference engine's --fault-layer/--fault-scale."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "scaled"
+    config = make_model.write_model(out, "tiny", seed=0, scale_output=(1, 0.02))
+    stock, moved = (
+        load_file(str(tiny / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    name = "model.layers.1.self_attn.o_proj.weight"
+    assert {n for n in stock if not torch.equal(stock[n], moved[n])} == {name}
+    ratio = moved[name].float().norm() / stock[name].float().norm()
+    assert float(ratio) == pytest.approx(1.02, rel=2e-3)
+    assert config["kdtree_model"]["scale_output"] == {"layer": 1, "size": 0.02}
+
+
 def test_a_model_of_another_depth_is_named_by_it(tmp_path, tiny, tiny_draft) -> None:
     """Records key rows by model name, so a preset at another layer count gets its own name,
     which its DFlash draft and sglang_e2e's records carry."""

@@ -203,3 +203,15 @@ def test_server_refuses_a_malformed_fault_in_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "KDTREE_INJECT_FAULT='scale:abc'" in proc.stderr
+
+
+def test_a_tree_mask_row_past_the_tree_is_refused() -> None:
+    """Before: ``tree_mask:R`` with R past the tree's rows started, changed nothing, and was
+    graded as a fault every candidate passes with."""
+    from kdtree_inference.engine.config import SpecConfig
+    from kdtree_inference.faults import parse_fault
+
+    spec = SpecConfig(num_draft_tokens=8)
+    EngineConfig(spec=spec, injected_fault=parse_fault("tree_mask:7"))
+    with pytest.raises(ValueError, match="tree_mask row 8 is past the tree's 8 rows"):
+        EngineConfig(spec=spec, injected_fault=parse_fault("tree_mask:8"))

@@ -36,11 +36,14 @@ def test_all_exact_passes_with_every_rule_listed() -> None:
         "candidate_errors",
         "min_prompts",
         "aa_exact",
+        "reference_targets",
         "hard_divergences",
         "exact_match_rate",
         "excess_divergence_rate",
         "finish_reasons",
         "logprob_drift_p99",
+        "logprob_drift_tail",
+        "logprob_drift_prompt_max",
         "speed",
     }
     assert all(r.outcome == "pass" for r in verdict.reasons)
@@ -52,18 +55,24 @@ def test_one_hard_divergence_fails_and_names_the_prompt() -> None:
     assert summary.candidate.hard == 1 and summary.candidate.hard_prompt_ids == ("bad-7",)
     assert summary.candidate.divergence_positions == (2,)
     verdict = decide(summary, GATE)
+    # A hard divergence fails, although 4 prompts cannot show the divergence rate within its
+    # margin (undecided): a rule shown failed outranks a rule short of evidence.
     assert verdict.status == "fail"
-    failing = {r.rule: r.message for r in verdict.failing}
+    failing = {r.rule: r.message for r in verdict.failing if r.outcome == "fail"}
     assert set(failing) == {"hard_divergences"}
     assert "bad-7" in failing["hard_divergences"]
+    assert outcome_of(verdict, "excess_divergence_rate") == "undecided"
 
 
 def test_near_ties_are_tolerated_within_rate_thresholds() -> None:
-    results = [exact("p0"), exact("p1"), exact("p2"), near_tie("tie")]
-    summary = summarize(results, 4)
+    results = [exact(f"p{i}") for i in range(19)] + [near_tie("tie")]
+    summary = summarize(results, 20)
     assert summary.candidate.near_tie == 1 and summary.candidate.hard == 0
     assert decide(summary, GATE).status == "pass"
-    strict = GATE.model_copy(update={"min_exact_match_rate": 0.9})
+    # One near-tie in four prompts: too few to show the rate within the margin.
+    few = summarize(results[-4:], 4)
+    assert decide(few, GATE).status == "error"
+    strict = GATE.model_copy(update={"min_exact_match_rate": 0.99})
     verdict = decide(summary, strict)
     assert verdict.status == "fail"
     assert outcome_of(verdict, "exact_match_rate") == "fail"
@@ -102,7 +111,12 @@ def test_logprob_drift_beyond_aa_fails() -> None:
     assert summary.candidate.drift.max == pytest.approx(0.3)
     verdict = decide(summary, GATE)
     assert verdict.status == "fail"
-    assert [r.rule for r in verdict.failing] == ["logprob_drift_p99"]
+    # 3 of 15 positions above the margin: shown beyond it; 5 prompts cannot show the p99 excess
+    # within or beyond (undecided), nor does one prompt of five stand out among the maxima.
+    assert {r.rule: r.outcome for r in verdict.failing} == {
+        "logprob_drift_p99": "undecided",
+        "logprob_drift_tail": "fail",
+    }
 
 
 def test_incomplete_run_is_an_error_never_a_pass() -> None:

@@ -337,7 +337,7 @@ def test_cli_refuses_bad_inputs_with_line_numbers_and_exit_2(tmp_path: Path) -> 
         "--baseline",
         "http://127.0.0.1:9",
         "--candidate",
-        "http://127.0.0.1:9",
+        "http://127.0.0.1:10",
         "--corpus",
         str(corpus),
         "--policy",
@@ -490,3 +490,51 @@ def test_built_wheel_ships_corpora_policies_and_templates(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["203", "24", "200", "report.html.j2"]
+
+
+def test_a_policy_reads_as_yaml_1_2() -> None:
+    """Before (YAML 1.1): ``020`` was 16, ``1:00`` was 60 and ``on`` was true, so a policy ran
+    with values other than the ones it shows."""
+    from kdtree_parity.policy import PolicyError, parse_policy
+
+    gate = parse_policy("gate:\n  min_prompts: 020\n").policy.gate
+    assert gate.min_prompts == 20
+    for text, where in (
+        ("replay:\n  timeout_s: 1:00\n", "replay.timeout_s"),
+        ("gate:\n  allow_aa_divergence: on\n", "gate.allow_aa_divergence"),
+    ):
+        with pytest.raises(PolicyError, match=rf"<policy>:2: {where}"):
+            parse_policy(text)
+
+
+def test_retry_delays_are_bounded() -> None:
+    """Before: ``backoff_s`` and ``max_retry_delay_s`` had no upper bound, so one 502 with a huge
+    backoff stalled the run for good."""
+    from kdtree_parity.policy import PolicyError, parse_policy
+
+    for key, value in (("backoff_s", 1e6), ("max_retry_delay_s", 86400)):
+        with pytest.raises(PolicyError, match=rf"<policy>:2: replay\.{key}: .*less than"):
+            parse_policy(f"replay:\n  {key}: {value}\n")
+
+
+def test_corpus_lines_end_at_newlines_only_and_keys_are_unique() -> None:
+    """Before: a prompt holding U+2028 or U+0085 was cut into two lines (two invalid entries),
+    and a line naming "text" twice kept the last one silently."""
+    separators = '{"id": "a", "text": "one\u2028two\u0085three"}\r\n{"id": "b", "text": "x"}\n'
+    corpus = parse_corpus(separators.encode(), source="c.jsonl")
+    assert [e.text for e in corpus.entries] == ["one\u2028two\u0085three", "x"]
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: duplicate key 'text'"):
+        parse_corpus(
+            b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y", "text": "z"}\n', "c.jsonl"
+        )
+
+
+def test_a_refused_out_dir_leaves_no_empty_folder(tmp_path: Path, monkeypatch) -> None:
+    """Before: the folders made for the write check stayed behind when --out was refused."""
+    from kdtree_parity import cli
+
+    monkeypatch.setattr(cli, "MIN_FREE_BYTES", 1 << 62)  # no disk has that much free
+    out = tmp_path / "new" / "reports"
+    with pytest.raises(cli._Refusal, match="MiB free"):
+        cli._check_out_dir(str(out))
+    assert list(tmp_path.iterdir()) == []

@@ -18,7 +18,7 @@ from kdtree_parity.store import Store
 
 STORED_POLICY = (
     "compare:\n  near_tie_epsilon: 0.25\n"
-    "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n  max_excess_divergence_rate: 0.5\n"
+    "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n  max_excess_divergence_rate: 1.0\n"
 )
 WIDER_POLICY = STORED_POLICY.replace("0.25", "0.5")
 

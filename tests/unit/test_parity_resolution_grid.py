@@ -41,3 +41,13 @@ def test_a_fault_only_grid_leaves_every_candidate_that_must_pass_out() -> None:
 def test_a_malformed_fault_is_refused_before_any_server_starts() -> None:
     with pytest.raises(ValueError):
         parity_resolution.candidates(["scale:"], controls=False)
+
+
+def test_a_one_layer_output_scale_is_a_server_option_of_its_own() -> None:
+    (cand,) = parity_resolution.candidates(["layer_scale:1:0.02"], controls=False)
+    assert (cand.kind, cand.size) == ("layer_scale", 0.02)
+    assert cand.options == {"fault_layer": 1, "fault_scale": 1.02}
+    assert cand.env[parity_resolution.ENV_VAR] == ""  # no injected fault besides it
+    for bad in ("layer_scale:1", "layer_scale:x:0.02", "layer_scale:1:1.5"):
+        with pytest.raises(ValueError, match="layer_scale:LAYER:SIZE"):
+            parity_resolution.candidates([bad], controls=False)

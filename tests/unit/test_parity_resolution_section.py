@@ -44,11 +44,11 @@ def test_the_row_of_the_runs_corpus_size_is_printed(table_path):
     table = load_resolution(table_path)
     md = resolution_markdown(table, prompts=30)
     assert "the 24-prompt row applies" in md
-    assert "| `scale` | scale:0.0002 |" in md
-    assert "| `kv_drop` | kv_drop:32 |" in md
+    assert "| scale | scale:0.0002 |" in md
+    assert "| kv\\_drop | kv\\_drop:32 |" in md
     small = resolution_markdown(table, prompts=12)
-    assert "| `scale` | scale:0.001 |" in small
-    assert "| `kv_drop` | none of the sizes measured |" in small
+    assert "| scale | scale:0.001 |" in small
+    assert "| kv\\_drop | none of the sizes measured |" in small
     assert "resolution is not known" in resolution_markdown(table, prompts=5)
 
 
@@ -59,7 +59,31 @@ def test_html_section_is_escaped_and_lands_in_the_body(table_path):
     assert page.index(section) < page.index("</body>")
 
 
-@pytest.mark.parametrize("content", ["{", "[]", json.dumps({"corpus_sizes": [1]})])
+def _with(**changes) -> str:
+    table = json.loads(json.dumps(TABLE))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = table
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return json.dumps(table)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{",
+        "[]",
+        json.dumps({"corpus_sizes": [1]}),
+        # Before: each of these was read, the whole corpus replayed, and then the report crashed.
+        _with(resolution__scale__12__smallest_detected="0.001"),
+        _with(resolution__scale__12__smallest_detected=float("nan")),
+        _with(corpus_sizes=["12", 24]),
+        _with(corpus_sizes=[0, 24]),
+        _with(resolution__scale={"twelve": {"smallest_detected": 0.1}}),
+    ],
+)
 def test_unusable_tables_are_refused(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -19,7 +19,7 @@ TOKEN = "s3cret-token"
 def settings(tmp_path: Path, token: str = TOKEN) -> ServiceSettings:
     return ServiceSettings(
         token=token,
-        pairs={"default": Targets("http://127.0.0.1:9", "http://127.0.0.1:9")},
+        pairs={"default": Targets("http://127.0.0.1:9", "http://127.0.0.1:10")},
         corpus="short",
         policy="short",
         db=str(tmp_path / "runs.sqlite3"),

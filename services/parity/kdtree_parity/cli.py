@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,7 @@ from kdtree_parity.store import (
     Store,
     StoreError,
 )
+from kdtree_parity.untrusted_text import for_terminal, printable
 from kdtree_parity.version import add_version_flag
 
 EXIT: dict[RunStatus, ExitCode] = {
@@ -233,10 +235,16 @@ def _token_counts(value: str) -> tuple[int, ...]:
 def _print_reasons(verdict: Any, heading: str) -> None:
     """A verdict (the gate's, or a report's model of it) and its reasons, one line each."""
     colour = {"pass": "green", "fail": "red", "error": "yellow"}[verdict.status]
-    results.print(f"[bold {colour}]verdict: {verdict.status.upper()}[/] ({heading})")
+    results.print(
+        f"[bold {colour}]verdict: {verdict.status.upper()}[/] ({for_terminal(heading)})",
+        highlight=False,
+    )
     for r in verdict.reasons:
         mark = {"pass": "[green]ok[/]", "fail": "[red]FAIL[/]", "undecided": "[yellow]??[/]"}
-        results.print(f"  {mark[r.outcome]} {r.rule}: {r.message}", highlight=False)
+        results.print(
+            f"  {mark[r.outcome]} {for_terminal(r.rule)}: {for_terminal(r.message)}",
+            highlight=False,
+        )
 
 
 def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
@@ -244,11 +252,15 @@ def _print_verdict(report: Report, paths: dict[str, Path] | None) -> None:
     for change in report.identity_changes:
         results.print(
             f"  [yellow]!![/] resumed against a changed {change.role} (accepted): "
-            + "; ".join(change.differences),
+            + for_terminal("; ".join(change.differences)),
             highlight=False,
         )
     if paths:
-        results.print(f"report: {paths['html']}  (also {paths['json'].name}, {paths['md'].name})")
+        results.print(
+            f"report: {for_terminal(paths['html'])}  (also {for_terminal(paths['json'].name)}, "
+            f"{for_terminal(paths['md'].name)})",
+            highlight=False,
+        )
 
 
 class _Refusal(Exception):
@@ -281,6 +293,8 @@ def _check_out_dir(out: str) -> Path:
     PROBE_BYTES, flushed to the device, and MIN_FREE_BYTES left after it. Creating an empty file
     is not enough: it succeeds on a full disk."""
     path = Path(out).resolve()
+    # The folders this check creates, deepest last: a refusal removes them again.
+    created = [p for p in (path, *path.parents) if not p.exists()][::-1]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-") as probe:
@@ -288,14 +302,19 @@ def _check_out_dir(out: str) -> Path:
             probe.flush()
             os.fsync(probe.fileno())
         stat = os.statvfs(path)
-    except OSError as exc:
+        free = stat.f_bavail * stat.f_frsize
+        if free < MIN_FREE_BYTES:
+            raise _Refusal(
+                f"cannot write reports to {path}: {free / 2**20:.1f} MiB free, the reports need "
+                f"at least {MIN_FREE_BYTES >> 20} MiB"
+            )
+    except (OSError, _Refusal) as exc:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(exc, _Refusal):
+            raise
         raise _Refusal(f"cannot write reports to {path}: {exc}") from None
-    free = stat.f_bavail * stat.f_frsize
-    if free < MIN_FREE_BYTES:
-        raise _Refusal(
-            f"cannot write reports to {path}: {free / 2**20:.1f} MiB free, the reports need "
-            f"at least {MIN_FREE_BYTES >> 20} MiB"
-        )
     return path
 
 
@@ -303,7 +322,7 @@ def _refuse(action: Callable[[], int]) -> int:
     try:
         return action()
     except _Refusal as exc:
-        console.print(f"[red]{exc}", highlight=False)
+        console.print(f"[red]{for_terminal(exc, keep_newlines=True)}", highlight=False)
         return ExitCode.ERROR
 
 
@@ -387,7 +406,10 @@ def _run(args: argparse.Namespace) -> int:
             )
             images = _images(args, bool(args.replica))
             total = len(prepared.corpus)
-            console.print(f"run {run_id}: {total} prompts, corpus {prepared.corpus.source}")
+            console.print(
+                f"run {run_id}: {total} prompts, corpus {for_terminal(prepared.corpus.source)}",
+                highlight=False,
+            )
         counts = {"hard": 0, "near_tie": 0, "errors": 0}
         with Progress(
             TextColumn("[bold]replay"),
@@ -440,13 +462,20 @@ def _run(args: argparse.Namespace) -> int:
             except LeaseLost as exc:
                 raise _Refusal(f"run {run_id} was taken over by another process: {exc}") from None
             except Exception as exc:  # recorded as an error run by execute_run; say why, exit 2
-                console.print(f"[red]run failed: {type(exc).__name__}: {exc}", highlight=False)
+                console.print(
+                    f"[red]run failed: {type(exc).__name__}: {for_terminal(exc, keep_newlines=True)}",
+                    highlight=False,
+                )
         record = store.get_run(run_id)
         paths = None
         if record.out_dir:
             paths = _report_paths(Path(record.out_dir) / run_id)
             if paths is None:  # e.g. the out dir became unwritable; the run says so (error)
-                console.print(f"[red]no reports in {record.out_dir}: {record.error}")
+                console.print(
+                    f"[red]no reports in {for_terminal(record.out_dir)}: "
+                    f"{for_terminal(record.error)}",
+                    highlight=False,
+                )
         _print_verdict(build_report(store, run_id), paths)
         return EXIT[record.status]
     finally:
@@ -520,7 +549,10 @@ def _report(args: argparse.Namespace) -> int:
         try:
             report = build_report(store, args.run_id)
         except KeyError:
-            console.print(f"[red]no run {args.run_id} in {args.db}")
+            console.print(
+                f"[red]no run {for_terminal(args.run_id)} in {for_terminal(args.db)}",
+                highlight=False,
+            )
             return ExitCode.ERROR
         if args.format == "files":
             try:
@@ -555,7 +587,10 @@ def _judge(args: argparse.Namespace) -> int:
     finally:
         store.close()
     for difference in done.replay_differences:
-        console.print(f"[yellow]not applied (the answers are stored): {difference}")
+        console.print(
+            f"[yellow]not applied (the answers are stored): {for_terminal(difference)}",
+            highlight=False,
+        )
     _print_reasons(
         done.verdict,
         f"run {done.record.id} under {policy.source}; stored verdict under "
@@ -587,11 +622,11 @@ def _list(args: argparse.Namespace) -> int:
         if sys.stdout.isatty():
             table = Table(*columns)
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*map(for_terminal, row))
             Console().print(table)
         else:
             for row in [columns, *rows]:
-                print("\t".join(row))
+                print("\t".join(printable(cell) for cell in row))
         return ExitCode.PASSED
     finally:
         store.close()
@@ -633,7 +668,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     try:
         loaded = load_policy(args.show)
     except PolicyError as exc:
-        console.print(f"[red]{exc}", highlight=False)
+        console.print(f"[red]{for_terminal(exc, keep_newlines=True)}", highlight=False)
         return ExitCode.ERROR
     sys.stdout.write(f"# effective policy of {loaded.source} (sha256 {loaded.sha256})\n")
     sys.stdout.write(policy_yaml(loaded.policy))
@@ -649,7 +684,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(ServiceSettings.from_settings(args.settings))
     except ConfigurationError as exc:
-        console.print(f"[red]kdtree-parity serve: {exc}", highlight=False)
+        console.print(
+            f"[red]kdtree-parity serve: {for_terminal(exc, keep_newlines=True)}", highlight=False
+        )
         return ExitCode.ERROR
     # Idle connections are kept well past clients' pool expiry (httpx: 5 s, uvicorn's default
     # too), so a client never reuses a connection the service is closing at that moment.
@@ -668,7 +705,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except SettingsError as exc:
-        console.print(f"[red]kdtree-parity: {exc}", highlight=False)
+        console.print(
+            f"[red]kdtree-parity: {for_terminal(exc, keep_newlines=True)}", highlight=False
+        )
         return ExitCode.ERROR
     args = build_parser(settings).parse_args(argv)
     handler = {

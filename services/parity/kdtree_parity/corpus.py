@@ -242,6 +242,19 @@ def _validate_entry(obj: Any, line: int) -> tuple[CorpusEntry | None, list[str]]
     )
 
 
+class DuplicateKey(ValueError):
+    """A JSON object of a corpus line names a key twice (json keeps the last, silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"duplicate key {key!r} in one JSON object")
+        out[key] = value
+    return out
+
+
 def parse_corpus(data: bytes, source: str = "<corpus>") -> Corpus:
     """Validate JSONL bytes; raises CorpusError listing every problem with its line number."""
     problems: list[tuple[int, str]] = []
@@ -252,13 +265,19 @@ def parse_corpus(data: bytes, source: str = "<corpus>") -> Corpus:
         raise CorpusError(source, [(line, f"not valid UTF-8: {exc.reason}")]) from None
     entries: list[CorpusEntry] = []
     first_line_of: dict[str, int] = {}
-    for number, raw in enumerate(content.splitlines(), start=1):
+    # JSON Lines end at "\n" (or "\r\n") only: str.splitlines would also split inside a prompt
+    # at U+2028, U+0085 and other separators, which JSON strings may hold unescaped.
+    for number, raw in enumerate(content.split("\n"), start=1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             problems.append((number, f"invalid JSON: {exc.msg} (column {exc.colno})"))
+            continue
+        except DuplicateKey as exc:
+            problems.append((number, str(exc)))
             continue
         except RecursionError:
             problems.append((number, "invalid JSON: nested too deeply"))

@@ -13,7 +13,8 @@ When the request is finished ``meta_info`` also carries ``e2e_latency`` (seconds
 finish), and with ``--enable-metrics`` ``first_token_latency`` (time to first token) and
 ``decode_throughput`` (``(completion_tokens - 1) / (finish - first token)``, tokens/s;
 ``srt/observability/req_time_stats.py``). The reference engine sends all three. They are read
-into ``Timing`` for the gate's speed rule; a missing or non-numeric timing field is not an error.
+into ``Timing`` and shown in the report as what the target says about itself; the gate's speed
+rule uses the sidecar's own clock instead. A missing or non-numeric timing field is not an error.
 ``meta_info.prompt_tokens`` (the prompt's length in the target's own tokens) places the answer in
 a context-length bucket, and with speculative decoding ``spec_verify_ct`` (verify forwards) with
 ``completion_tokens`` gives the accept length, tokens per verify step

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kdtree_parity.yaml_load import compose_yaml, load_yaml
+from kdtree_parity.yaml_load import MappingNode, Node, YAMLError, compose_yaml, load_yaml
 
 BUILTIN_POLICIES = ("default", "short")
 
@@ -85,12 +85,17 @@ class ReplaySettings(_Strict):
         "HTTP 429/502/503)",
     )
     backoff_s: float = Field(
-        _default("replay", "backoff_s"), ge=0, description="first retry delay; doubles every retry"
+        _default("replay", "backoff_s"),
+        ge=0,
+        le=60,
+        description="first retry delay; doubles every retry (at most 60 s)",
     )
     max_retry_delay_s: float = Field(
         _default("replay", "max_retry_delay_s"),
         ge=0,
-        description="no retry waits longer, neither the doubled backoff nor a Retry-After",
+        le=300,
+        description="no retry waits longer, neither the doubled backoff nor a Retry-After "
+        "(at most 300 s: one answer can never stall a run for good)",
     )
     retry_on_timeout: bool = Field(
         _default("replay", "retry_on_timeout"),
@@ -139,6 +144,13 @@ class GateSettings(_Strict):
         _default("gate", "max_logprob_drift_p99"),
         ge=0,
         description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)",
+    )
+    max_floor_drift_p99: float = Field(
+        _default("gate", "max_floor_drift_p99"),
+        ge=0,
+        description="the A/A' floor's own p99 drift against the baseline may be at most this "
+        "(nats); beyond it, or with any hard divergence, the floor is not an equivalent "
+        "computation and the run is undecided",
     )
     max_finish_mismatches: int = Field(
         _default("gate", "max_finish_mismatches"),
@@ -208,11 +220,11 @@ class LoadedPolicy:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+def _line_of(node: Node | None, loc: tuple[Any, ...]) -> int:
     """The 1-based YAML line of the value at ``loc`` (or of its nearest existing parent)."""
     line = node.start_mark.line + 1 if node is not None else 1
     for key in loc:
-        if not isinstance(node, yaml.MappingNode):
+        if not isinstance(node, MappingNode):
             break
         for key_node, value_node in node.value:
             if key_node.value == key:
@@ -229,7 +241,7 @@ def parse_policy(text: str, source: str = "<policy>") -> LoadedPolicy:
     try:
         root = compose_yaml(text)
         data = load_yaml(text)
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise PolicyError(

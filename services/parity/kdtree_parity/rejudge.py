@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import LoadedPolicy, parse_policy
+from kdtree_parity.reference_targets import stored_identity_problems
 from kdtree_parity.results import build_prompt_result
 from kdtree_parity.store import RunRecord, Store
 from kdtree_parity.verdict import judge
@@ -54,5 +55,10 @@ def rejudge(store: Store, run_id: str, policy: LoadedPolicy) -> Rejudged:
         dataclasses.replace(build_prompt_result(r.entry, r.outcomes, epsilon), notes=r.notes)
         for r in store.results(run_id)
     ]
-    verdict = judge(results, record.prompts_total, policy.policy.gate).verdict
+    verdict = judge(
+        results,
+        record.prompts_total,
+        policy.policy.gate,
+        reference_problems=stored_identity_problems(record.targets),
+    ).verdict
     return Rejudged(record, verdict, replay_differences(record, policy))

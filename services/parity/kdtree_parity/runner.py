@@ -30,6 +30,7 @@ from kdtree_parity.client import (
 from kdtree_parity.corpus import Corpus, CorpusEntry, CorpusError, load_corpus, parse_corpus
 from kdtree_parity.gate import Verdict
 from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
+from kdtree_parity.reference_targets import distinct_url_problems, identity_problems
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
 from kdtree_parity.store import (
@@ -126,6 +127,8 @@ def identity_differences(recorded: dict[str, Any] | None, current: dict[str, Any
         differences.append(f"image {recorded.get('image')!r} -> {current['image']!r}")
     if "model_info" in current and "model_info" in recorded:
         before, after = _flat(recorded["model_info"]), _flat(current["model_info"])
+        for flat in (before, after):  # a restarted server is a new process of the same build
+            flat.pop(SERVER_ID_KEY, None)
         differences += [
             f"/model_info {key}: {before.get(key, '(absent)')!r} -> {after.get(key, '(absent)')!r}"
             for key in sorted(set(before) | set(after))
@@ -135,6 +138,7 @@ def identity_differences(recorded: dict[str, Any] | None, current: dict[str, Any
 
 
 _ABSENT = object()
+SERVER_ID_KEY = "kdtree_engine.server_id"
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -198,8 +202,10 @@ def prepare_run(
     corpus: str | Corpus, policy: str | LoadedPolicy, urls: Mapping[str, str | None]
 ) -> PreparedRun:
     """Load ``corpus`` and ``policy`` (a spec: path or shipped name; or already loaded) and check
-    that the corpus is large enough for the policy and that every URL (``label: url``; empty ones
-    are skipped) is usable. RunRefused names every problem found, in that order."""
+    that the corpus is large enough for the policy, that every URL (``label: url``; empty ones
+    are skipped; a label ends in its role) is usable, and that the candidate, the baseline, the
+    replica and the floor are distinct targets (``reference_targets``). RunRefused names every
+    problem found, in that order."""
     problems = []
     if isinstance(corpus, str):
         try:
@@ -221,6 +227,7 @@ def prepare_run(
         for label, url in urls.items()
         if url and (problem := url_problem(url))
     ]
+    problems += distinct_url_problems(urls)
     if problems or not loaded:
         raise RunRefused(problems)
     return PreparedRun(corpus, policy)
@@ -341,12 +348,15 @@ async def execute_run(
             ),
             None,
         )
+        reference_problems: list[str] = []
         if unhealthy:
             breaker.reason = "; ".join(unhealthy)
         else:
-            await _check_identities(
+            identities = await _check_identities(
                 store, run_id, record, role_client, images or {}, accept_identity_change
             )
+            reference_problems = identity_problems(identities)
+        if not unhealthy and not reference_problems:
             done_ids = await store.call(Store.completed_prompt_ids, run_id)
             pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
             counter = {"done": len(done_ids)}
@@ -384,6 +394,7 @@ async def execute_run(
             loaded.policy.gate,
             aborted_because=breaker.reason,
             candidate_refused=candidate_refused,
+            reference_problems=reference_problems,
         ).verdict
         status = VERDICT_TO_STATUS[verdict.status]
         ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
@@ -438,9 +449,10 @@ async def _check_identities(
     role_client: dict[Role, TargetClient],
     images: dict[str, str],
     accept_change: bool,
-) -> None:
+) -> dict[str, dict[str, Any]]:
     """Record each target's identity; on a resume, refuse (or record) any change of build, and
-    any target whose build cannot be shown to be the same (see ``unverifiable``)."""
+    any target whose build cannot be shown to be the same (see ``unverifiable``). Returns each
+    role's /model_info, the A/A twin's only when it is a target of its own."""
     current = {}
     for role, client in role_client.items():
         current[role] = {"model_info": await client.identity()}
@@ -468,6 +480,11 @@ async def _check_identities(
             await store.call(Store.accept_identity_change, run_id, role, changed[role], merged)
         else:
             await store.call(Store.set_identity, run_id, role, identity)
+    return {
+        role: identity["model_info"]
+        for role, identity in current.items()
+        if role != "aa" or role_client["aa"] is not role_client["baseline"]
+    }
 
 
 async def _heartbeat(

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar, get_args
 
-import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -65,7 +64,7 @@ from kdtree_parity.store import (
     RunRecord,
     Store,
 )
-from kdtree_parity.yaml_load import load_yaml
+from kdtree_parity.yaml_load import YAMLError, load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
 
@@ -145,7 +144,7 @@ def load_pairs(path: Path) -> dict[str, Targets]:
     *_image: label?}`` (``floor``: the A/A' target)."""
     try:
         data = load_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, YAMLError) as exc:
         raise ConfigurationError(f"{path}: cannot read the pairs file: {exc}") from None
     if isinstance(data, dict):  # YAML keys may be numbers: a pair's name is their text
         data = {str(name): spec for name, spec in data.items()}

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from kdtree_parity.accept_length import AcceptLengths, accept_length_reason
 from kdtree_parity.buckets import BUCKETS, by_bucket, longest_prompt, prompt_tokens
 from kdtree_parity.gate import (
-    CANDIDATE_FAULT_RULES,
     Reason,
     Summary,
     Verdict,
-    VerdictStatus,
     decide,
     summarize,
+    verdict_status,
 )
 from kdtree_parity.policy import GateSettings
 from kdtree_parity.results import PromptResult
@@ -38,7 +37,7 @@ from kdtree_parity.results import PromptResult
 COVERAGE_RULE = "context_coverage"
 BUCKET_RULE_PREFIX = "bucket "
 # Rules of decide() that say nothing about a bucket: the run as a whole is judged on them.
-_RUN_WIDE_RULES = frozenset({"complete", "min_prompts"})
+_RUN_WIDE_RULES = frozenset({"complete", "min_prompts", "reference_targets"})
 
 
 @dataclass(frozen=True)
@@ -138,11 +137,16 @@ def judge(
     *,
     aborted_because: str | None = None,
     candidate_refused: str | None = None,
+    reference_problems: Sequence[str] = (),
 ) -> Judgement:
     """The whole verdict of a run's ``results`` under ``gate`` (see the module docstring)."""
     summary = summarize(results, prompts_total)
     overall = decide(
-        summary, gate, aborted_because=aborted_because, candidate_refused=candidate_refused
+        summary,
+        gate,
+        aborted_because=aborted_because,
+        candidate_refused=candidate_refused,
+        reference_problems=reference_problems,
     )
     answered = [r for r in results if not r.has_error]
     buckets = judge_buckets(answered, gate)
@@ -152,23 +156,9 @@ def judge(
         extra += [bucket.reason() for bucket in buckets]
     reasons = (*overall.reasons, *extra)
     return Judgement(
-        verdict=Verdict(_status(overall, extra), reasons),
+        verdict=Verdict(verdict_status(reasons), reasons),
         summary=summary,
         buckets=buckets,
         longest_prompt=longest,
         accept=AcceptLengths.of(answered),
     )
-
-
-def _status(overall: Verdict, extra: Sequence[Reason]) -> VerdictStatus:
-    """decide()'s status, moved only by the added reasons, with decide()'s precedence."""
-    candidate_fault = any(
-        r.outcome == "fail" and r.rule in CANDIDATE_FAULT_RULES for r in overall.reasons
-    )
-    if overall.status == "error" or candidate_fault:
-        return overall.status
-    if any(r.outcome == "undecided" for r in extra):
-        return "error"
-    if overall.status == "fail" or any(r.outcome == "fail" for r in extra):
-        return "fail"
-    return "pass"

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -95,6 +96,7 @@ class EngineAPI:
     def __init__(self, engine: Engine, metrics: Any) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.server_id = uuid.uuid4().hex
         engine.step_listeners.append(metrics.on_verify_step)
         engine.step_listeners.append(self._publish_validation)
         self._validate_calls = 0
@@ -256,7 +258,14 @@ class EngineAPI:
                 "fault_scale": cfg.fault_scale,
                 "injected_fault": (cfg.injected_fault.describe() if cfg.injected_fault else None),
                 "attention_kv_splits": cfg.attention_kv_splits,
+                # Options that change the numbers: a resumed run compares them with the start.
+                "prefill_chunk": cfg.prefill_chunk,
+                "max_batch_size": cfg.max_batch_size,
+                "threads": torch.get_num_threads(),
                 "decode_step_delay_s": cfg.decode_step_delay_s,
+                # This process, not the build: a gate checks that its reference targets are
+                # not the candidate behind another URL.
+                "server_id": self.server_id,
             },
         }
 

@@ -125,6 +125,16 @@ class EngineConfig:
                 f"KDTREE_INJECT_FAULT: weight layer {fault.layer} out of range "
                 f"[0, {self.model.num_layers})"
             )
+        if (
+            fault is not None
+            and fault.kind == "tree_mask"
+            and fault.index >= self.spec.num_draft_tokens
+        ):
+            # A row past the tree changes nothing: a "fault" every candidate would pass with.
+            raise ValueError(
+                f"KDTREE_INJECT_FAULT: tree_mask row {fault.index} is past the tree's "
+                f"{self.spec.num_draft_tokens} rows [0, {self.spec.num_draft_tokens})"
+            )
         if self.attention_kv_splits < 1:
             raise ValueError(f"attention_kv_splits must be >= 1, got {self.attention_kv_splits}")
         if self.attention_kv_splits > 1 and self.attention != "reference":

@@ -27,6 +27,7 @@ from kdtree_parity.promote.flow import (
 from kdtree_parity.promote.profiles import GATE_PROFILES
 from kdtree_parity.promote.progress import step
 from kdtree_parity.promote.settings import PromoteSettings
+from kdtree_parity.untrusted_text import printable
 from kdtree_parity.version import add_version_flag
 
 Command = Callable[[argparse.Namespace, Docker], int]
@@ -155,7 +156,7 @@ def _run_gate(args: argparse.Namespace, docker: Docker) -> int:
     result = run_gate(options, docker, run_id=args.run_id).result
     print(f"gate {result.verdict}: report {result.report_path.parent}")
     for reason in result.reasons:
-        print(f"  - {reason}")
+        print(f"  - {printable(reason)}")  # one line each, whatever a target put in it
     return result.exit_code
 
 
@@ -222,7 +223,7 @@ def _settings_error(exc: ValidationError) -> str:
 def _print_refusal(verdict: str, reasons: Sequence[str]) -> None:
     print(f"NOT PROMOTED: the parity gate said {verdict}", file=sys.stderr)
     for reason in reasons:
-        print(f"  - {reason}", file=sys.stderr)
+        print(f"  - {printable(reason)}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -148,8 +148,10 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
     summary = summarize(results, record.prompts_total)
     judgement = None
     if settings is not None:
-        why = record.error or f"the run is {record.status}"
-        unfinished = None if record.verdict is not None else f"{record.status}: {why}"
+        # The error's first line: a stored traceback (the database stayed locked, a crash)
+        # belongs to run.error, not to a reason of the verdict.
+        why = (record.error or "").strip().splitlines()[:1] or [_no_end(record.status)]
+        unfinished = None if record.verdict is not None else f"{record.status}: {why[0]}"
         judgement = judge(results, record.prompts_total, settings.gate, aborted_because=unfinished)
     if record.verdict is not None:
         verdict = VerdictModel.model_validate(record.verdict)
@@ -218,6 +220,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
                     requests=len(rates),
                     median_decode_tps=summary.speed.median_decode(role),
                     median_ttft_s=summary.speed.median_ttft(role),
+                    median_reported_decode_tps=summary.speed.median_reported(role),
                 )
                 for role, rates in sorted(
                     summary.speed.decode_tps.items(), key=lambda kv: ALL_ROLES.index(kv[0])
@@ -233,3 +236,15 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
         ],
         context=None if judgement is None else context_model(judgement, settings.gate),
     )
+
+
+def _no_end(status: str) -> str:
+    """Why a run with no recorded error has no verdict either."""
+    if status == "running":
+        # A run whose process stopped before it could record its end (a full disk, a kill)
+        # looks the same as one still going: say both.
+        return (
+            "no end recorded: the run is still going, or its process stopped before it could "
+            "record one (a full disk, a kill; its lease then expires and --resume finishes it)"
+        )
+    return f"the run is {status}"

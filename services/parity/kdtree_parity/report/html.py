@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import jinja2
 
 from kdtree_parity.report.schema import PromptModel, Report, SideModel
+from kdtree_parity.untrusted_text import for_html
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("kdtree_parity.report", "templates"),
@@ -15,6 +16,7 @@ _ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=for_html,  # no bidi or other invisible control from a target reaches the page
 )
 # Order in which prompts are listed: what a reviewer must look at first.
 _STATUS_ORDER = {"hard": 0, "error": 1, "near_tie": 2, "exact": 3}

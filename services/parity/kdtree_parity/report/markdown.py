@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kdtree_parity.report.context import context_markdown
 from kdtree_parity.report.schema import Report
+from kdtree_parity.untrusted_text import for_markdown
 
 _ICON = {"pass": "✅", "fail": "❌", "error": "⚠️", "undecided": "⚠️"}
 
@@ -13,13 +14,13 @@ def _num(x: float | None, fmt: str = ".3g") -> str:
 
 
 def _tests_table(report: Report) -> list[str]:
-    """Each statistical test: statistic, p-value, level, interval, decision."""
+    """Each statistical test: statistic, p-value, level, interval, decision and power."""
     rows = [r for r in report.verdict.reasons if r.test is not None]
     if not rows:
         return []
     out = [
-        "| test | method | statistic | p-value | alpha | estimate [interval] | decision |",
-        "|---|---|---|---|---|---|---|",
+        "| test | method | statistic | p-value | alpha | estimate [interval] | decision | power |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         t = r.test
@@ -27,7 +28,7 @@ def _tests_table(report: Report) -> list[str]:
         interval = "" if t.interval is None else f" [{t.interval[0]:.3g}, {t.interval[1]:.3g}]"
         out.append(
             f"| `{t.name}` | {t.method} | {_num(t.statistic)} | {_num(t.p_value)} "
-            f"| {t.alpha:.3g} | {_num(t.estimate)}{interval} | {t.decision} |"
+            f"| {t.alpha:.3g} | {_num(t.estimate)}{interval} | {t.decision} | {t.power or ''} |"
         )
     return [*out, ""]
 
@@ -49,11 +50,15 @@ def _floor_table(report: Report) -> list[str]:
 def _speed_table(report: Report) -> list[str]:
     if not report.summary.speed:
         return []
-    out = ["| target | requests | median decode tokens/s | median TTFT (s) |", "|---|---|---|---|"]
+    out = [
+        "| target | requests | median tokens/s (sidecar's clock) | median TTFT (s) "
+        "| self-reported decode tokens/s (not used) |",
+        "|---|---|---|---|---|",
+    ]
     for sp in report.summary.speed:
         out.append(
             f"| {sp.role} | {sp.requests} | {_num(sp.median_decode_tps, '.4g')} "
-            f"| {_num(sp.median_ttft_s, '.4g')} |"
+            f"| {_num(sp.median_ttft_s, '.4g')} | {_num(sp.median_reported_decode_tps, '.4g')} |"
         )
     return [*out, ""]
 
@@ -64,7 +69,8 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         f"## Parity verdict: {_ICON[v.status]} **{v.status.upper()}** (run `{report.run.id}`)",
         "",
         *(
-            f"- {_ICON[r.outcome] if r.outcome != 'pass' else '✔'} `{r.rule}`: {r.message}"
+            f"- {_ICON[r.outcome] if r.outcome != 'pass' else '✔'} `{r.rule}`: "
+            f"{for_markdown(r.message)}"
             for r in v.reasons
         ),
         "",
@@ -88,20 +94,28 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
         f"| {s.aa.finish_mismatch} | {s.excess.finish_mismatch} |",
         "",
         "Targets: "
-        + ", ".join(f"{t.role} `{t.url}`" for t in report.targets)
-        + f". Corpus `{report.corpus.source}` sha256 `{report.corpus.sha256[:16]}…`, "
-        f"policy `{report.policy.source}` sha256 `{report.policy.sha256[:16]}…`.",
+        + ", ".join(f"{t.role} {for_markdown(t.url)}" for t in report.targets)
+        + f". Corpus {for_markdown(report.corpus.source)} sha256 `{report.corpus.sha256[:16]}…`, "
+        f"policy {for_markdown(report.policy.source)} sha256 `{report.policy.sha256[:16]}…`.",
     ]
     for change in report.identity_changes:
         lines += [
             "",
             f"⚠️ **Resumed against a changed {change.role}** ({change.at}, accepted by override; "
-            f"this run holds results of more than one build): {'; '.join(change.differences)}",
+            f"this run holds results of more than one build): "
+            f"{for_markdown('; '.join(change.differences))}",
         ]
     if report.policy.refused:
-        lines += ["", f"⚠️ **Stored policy refused by today's rules**: {report.policy.refused}"]
+        lines += [
+            "",
+            f"⚠️ **Stored policy refused by today's rules**: {for_markdown(report.policy.refused)}",
+        ]
     for u in s.undecidable_prompts:
-        lines += ["", f"⚠️ **Undecidable prompt** `{u.id}` (the baseline rejected it): {u.why}"]
+        lines += [
+            "",
+            f"⚠️ **Undecidable prompt** {for_markdown(u.id)} (the baseline rejected it): "
+            f"{for_markdown(u.why)}",
+        ]
     flagged = [
         p
         for p in report.prompts
@@ -116,7 +130,7 @@ def render_markdown(report: Report, max_prompts: int = 20) -> str:
             why = (c.divergence_reason if c is not None else "") or next(
                 (f"{side.role}: {side.error}" for side in p.sides if side.error), ""
             )
-            lines.append(f"| `{p.id}` | {p.status} | {where} | {why.replace('|', '/')} |")
+            lines.append(f"| {for_markdown(p.id)} | {p.status} | {where} | {for_markdown(why)} |")
         if len(flagged) > max_prompts:
             lines.append(f"| … {len(flagged) - max_prompts} more | | | |")
     return "\n".join(lines) + "\n"

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import html
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kdtree_parity.untrusted_text import for_markdown
 
 # A kv_drop or tree_mask fault is smaller the later its position or row.
 LATER_IS_SMALLER = ("kv_drop", "tree_mask")
@@ -23,6 +27,7 @@ UNITS = {
     "weight": "relative weight noise in one layer",
     "kv_drop": "position of the one KV row masked out (later = smaller)",
     "tree_mask": "draft-tree row shown one extra node (later = smaller)",
+    "layer_scale": "relative scale error of one layer's attention output",
 }
 
 
@@ -45,25 +50,55 @@ class ResolutionTable:
         return max(sizes) if sizes else None
 
 
+class _Size(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    smallest_detected: float | None
+
+
+class _Policy(BaseModel):
+    model_config = ConfigDict(strict=True)
+    base: str
+
+
+class _Table(BaseModel):
+    """The part of ``resolution.json`` a report reads; strict: a count is an int, a size a
+    finite number (or null), so a malformed table is refused before any run starts."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+    corpus_sizes: list[Annotated[int, Field(ge=1)]]
+    policy: _Policy
+    resolution: dict[str, dict[str, _Size]]
+
+
 def load_resolution(path: str | Path) -> ResolutionTable:
     path = Path(path)
     try:
         data = path.read_bytes()
-        table = json.loads(data)
-        sizes = [int(k) for k in table["corpus_sizes"]]
+        table = _Table.model_validate_json(data)
         smallest = {
-            kind: {int(k): v["smallest_detected"] for k, v in per_size.items()}
-            for kind, per_size in table["resolution"].items()
+            kind: {int(k): v.smallest_detected for k, v in per_size.items()}
+            for kind, per_size in table.resolution.items()
         }
-        policy = str(table["policy"]["base"])
     except OSError as exc:
         raise ResolutionError(f"resolution table {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ResolutionError(
-            f"resolution table {path}: not a parity_resolution.py table ({type(exc).__name__}: "
-            f"{exc})"
+            f"resolution table {path}: not a parity_resolution.py table ({where}: "
+            f"{first['msg']}; {exc.error_count()} problem(s))"
         ) from None
-    return ResolutionTable(str(path), hashlib.sha256(data).hexdigest(), policy, sizes, smallest)
+    except ValueError as exc:  # a corpus size key that is not a number
+        raise ResolutionError(
+            f"resolution table {path}: not a parity_resolution.py table ({exc})"
+        ) from None
+    return ResolutionTable(
+        str(path),
+        hashlib.sha256(data).hexdigest(),
+        table.policy.base,
+        list(table.corpus_sizes),
+        smallest,
+    )
 
 
 def _value(kind: str, size: float | None) -> str:
@@ -94,12 +129,12 @@ def resolution_markdown(table: ResolutionTable, prompts: int | None) -> str:
     if applies is None:
         lines.append(
             f"This run compared {prompts} prompts, fewer than any corpus size measured "
-            f"in `{table.path}`: its resolution is not known."
+            f"in {for_markdown(table.path)}: its resolution is not known."
         )
     else:
         lines.append(
-            f"Measured by `bench/parity_resolution.py` with policy `{table.policy}` "
-            f"(`{table.path}`, sha256 `{table.sha256[:12]}`); this run compared "
+            f"Measured by `bench/parity_resolution.py` with policy {for_markdown(table.policy)} "
+            f"({for_markdown(table.path)}, sha256 `{table.sha256[:12]}`); this run compared "
             f"{prompts} prompts, so the {applies}-prompt row applies."
         )
     lines += [
@@ -110,7 +145,8 @@ def resolution_markdown(table: ResolutionTable, prompts: int | None) -> str:
         "|---|---|---|" + "---|" * len(table.corpus_sizes),
     ]
     for kind, here, unit, per_size in rows:
-        lines.append(f"| `{kind}` | {here} | {unit} | " + " | ".join(per_size) + " |")
+        cells = [for_markdown(kind), for_markdown(here), unit, *map(for_markdown, per_size)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -162,7 +162,8 @@ class TestModel(BaseModel):
     name: str
     method: str
     statistic: float | None = Field(
-        description="U (Mann-Whitney), the odds ratio (Fisher), the median ratio (speed)"
+        description="the excess (drift p99, divergence rate), the count above the threshold "
+        "(exceedances, prompt maxima), the median ratio (speed)"
     )
     p_value: float | None = Field(description="null for an interval-only test")
     alpha: float = Field(description="the level this test ran at (the policy alpha / tests)")
@@ -171,7 +172,12 @@ class TestModel(BaseModel):
         None, description="the effect: an excess over the floor, or the speed ratio"
     )
     interval: list[float] | None = Field(
-        None, description="[low, high] bootstrap interval of the estimate at 1 - alpha"
+        None,
+        description="[low, high] bootstrap interval of the estimate at 1 - 2 alpha (each bound "
+        "one-sided at alpha)",
+    )
+    power: str | None = Field(
+        None, description="what the test could detect at this run's size (null: older reports)"
     )
 
 
@@ -187,9 +193,17 @@ class RoleSpeedModel(BaseModel):
 
     role: Literal["baseline", "candidate", "aa", "floor"]
     requests: int
-    median_decode_tps: float | None = Field(description="median decode tokens/s per request")
+    median_decode_tps: float | None = Field(
+        description="median tokens/s per request by the sidecar's clock (output tokens over the "
+        "request's end-to-end time): what the speed rule judges"
+    )
     median_ttft_s: float | None = Field(
         description="median time to first token (null: the target does not report it)"
+    )
+    median_reported_decode_tps: float | None = Field(
+        None,
+        description="median decode tokens/s the target reports about itself (meta_info): shown, "
+        "never used",
     )
 
 
