@@ -9,13 +9,12 @@
 """
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from spawned_python import run_for_result
 
 ROOT = Path(__file__).resolve().parents[2]
 TINYDS = ROOT.parent / "shared" / "tools" / "tinyds"
@@ -96,26 +95,10 @@ def draft(tmp_path_factory) -> Path:
     return out
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "SGLANG_"))}
-    env.update(extra)
-    return env
-
-
 def test_spawned_scheduler_registers_ddtree(tmp_path, draft):
     script = tmp_path / "spawn_scheduler.py"
     script.write_text(SCRIPT)
-    run = subprocess.run(
-        [sys.executable, str(script), str(draft)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
-    found = json.loads(line[len("RESULT ") :])
+    found = run_for_result(script, str(draft))
     assert found["parent_imported_sglang"] is False and found["child_exit"] == 0
     assert (found["algo"], found["name"], found["is_dflash"]) == ("DDTreeAlgorithm", "DDTREE", True)
     assert (found["worker"], found["worker_is_dflash"]) == ("DDTreeWorker", True)
@@ -205,17 +188,7 @@ def resolve_all(tmp_path: Path, cases: list[tuple[Path, tuple, dict]]) -> list:
         for draft, flags, _ in cases
     ]
     payload = json.dumps([[a, env] for a, (_, _, env) in zip(argv, cases, strict=True)])
-    run = subprocess.run(
-        [sys.executable, str(script), payload],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return run_for_result(script, payload)
 
 
 def test_server_args_resolution(tmp_path, draft):

@@ -181,9 +181,9 @@ def test_a_candidate_accepting_fewer_drafts_fails_on_accept_length(
 
 
 def test_waiting_for_a_target_says_so_every_few_seconds(tmp_path: Path) -> None:
-    down = f"http://127.0.0.1:{free_port()}"
+    down, also_down = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
     corpus, policy = write_inputs(tmp_path, 2, health_deadline_s=12)
-    done = gate(down, down, corpus, policy, tmp_path)
+    done = gate(down, also_down, corpus, policy, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     waiting = [line for line in done.stderr.splitlines() if "waiting for baseline" in line]
     assert len(waiting) >= 2, done.stderr

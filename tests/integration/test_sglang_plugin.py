@@ -2,11 +2,9 @@
 in a fresh interpreter, and in a child started with the *spawn* method the way SGLang starts
 its schedulers (``run_scheduler_process`` calls ``load_plugins()`` first)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
+
+from spawned_python import run_for_result
 
 SCRIPT = textwrap.dedent(
     """
@@ -115,18 +113,7 @@ DRAFT_OURS = "kdtree_inference.sglang.plugin._create_kdtree_draft_extend_backend
 def test_spawned_schedulers_load_the_plugin_and_swap_triton(tmp_path):
     script = tmp_path / "spawn_scheduler.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "SGLANG_"))}
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
-    results = json.loads(line[len("RESULT ") :])
+    results = run_for_result(script)
     # The launching process never touched SGLang: the children found the plugin themselves.
     assert results["parent_imported_sglang"] is False
     default = results["default"]

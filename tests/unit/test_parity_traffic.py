@@ -261,12 +261,12 @@ def _gate(**keys: object):
 
 
 def test_a_fault_only_in_the_long_bucket_fails_through_its_bucket() -> None:
-    """The whole run (1 of 8 prompts diverging) is within the margins; the 8k bucket (1 of 2)
-    is not."""
+    """The whole run (1 of 8 prompts diverging) is shown within the margins; the 8k bucket (1 of
+    2) is not. (A margin wide enough for 8 prompts to show: the excess's interval is [0, 0.375].)"""
     results = [_sized(exact(f"s{i}"), 100) for i in range(6)]
     results += [_sized(hard("l0"), 8000)]
     results += [_sized(exact("l1"), 8001)]
-    whole = judge(results, len(results), _gate())
+    whole = judge(results, len(results), _gate(max_excess_divergence_rate=0.45))
     assert [r.rule for r in whole.verdict.failing] == ["bucket 8k"], whole.verdict.reasons
     assert whole.verdict.status == "fail"
     (bucket,) = [r for r in whole.verdict.reasons if r.rule == "bucket 8k"]
