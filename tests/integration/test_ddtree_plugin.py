@@ -17,7 +17,9 @@ import pytest
 from spawned_python import run_for_result
 
 ROOT = Path(__file__).resolve().parents[2]
-TINYDS = ROOT.parent / "shared" / "tools" / "tinyds"
+sys.path.insert(0, str(ROOT / "bench" / "models"))
+import make_dflash_draft  # noqa: E402
+import make_model  # noqa: E402
 
 SCRIPT = textwrap.dedent(
     """
@@ -84,14 +86,19 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def draft(tmp_path_factory) -> Path:
-    """A DFlash draft's config for the tiny target (block 16), as make_dflash_draft writes it."""
-    sys.path.insert(0, str(ROOT / "bench" / "models"))
-    import make_dflash_draft
+def target(tmp_path_factory) -> Path:
+    """The tiny preset's config.json (all that SGLang's argument resolution reads of a model)."""
+    out = tmp_path_factory.mktemp("tiny_target")
+    (out / "config.json").write_text(json.dumps(make_model.model_config("tiny")))
+    return out
 
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory, target) -> Path:
+    """A DFlash draft's config for the tiny target (block 16), as make_dflash_draft writes it."""
     out = tmp_path_factory.mktemp("dflash_draft")
-    target = json.loads((TINYDS / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(make_dflash_draft.draft_config(target)))
+    config = make_dflash_draft.draft_config(json.loads((target / "config.json").read_text()))
+    (out / "config.json").write_text(json.dumps(config))
     return out
 
 
@@ -167,14 +174,14 @@ REFUSALS = {
 }
 
 
-def resolve_all(tmp_path: Path, cases: list[tuple[Path, tuple, dict]]) -> list:
+def resolve_all(tmp_path: Path, target: Path, cases: list[tuple[Path, tuple, dict]]) -> list:
     """SGLang's resolution of each ``(draft, flags, env)``, in one interpreter."""
     script = tmp_path / "resolve.py"
     script.write_text(RESOLVE)
     argv = [
         [
             "--model-path",
-            str(TINYDS),
+            str(target),
             "--attention-backend",
             "triton",
             "--device",
@@ -191,7 +198,7 @@ def resolve_all(tmp_path: Path, cases: list[tuple[Path, tuple, dict]]) -> list:
     return run_for_result(script, payload)
 
 
-def test_server_args_resolution(tmp_path, draft):
+def test_server_args_resolution(tmp_path, target, draft):
     """DFlash's defaults are kept; what the worker cannot serve is refused, naming the flag."""
     plain = tmp_path / "plain_draft"
     plain.mkdir()
@@ -204,7 +211,7 @@ def test_server_args_resolution(tmp_path, draft):
         (plain, SERVABLE, {}),
         *((draft, flags, env) for flags, env, _ in REFUSALS.values()),
     ]
-    default, wide, no_dflash_config, *refused = resolve_all(tmp_path, cases)
+    default, wide, no_dflash_config, *refused = resolve_all(tmp_path, target, cases)
     # The default tree: the draft's block (budget 15); DFlash's step, top-k and request cap.
     assert default == {"width": 16, "steps": 1, "topk": 1, "max_running_requests": 48}
     assert wide["width"] == 65
