@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from kdtree_parity.compare import compare_generations
 from kdtree_parity.corpus import CorpusEntry
 from kdtree_parity.generation import Generation, TopLogprob
@@ -67,3 +71,13 @@ def near_tie(pid: str) -> PromptResult:
     base = generation([1, 2, 3, 5], alt=4)
     cand = generation([1, 2, 4, 5], alt=3)
     return result(pid, ok(base), ok(cand))
+
+
+def run_parity_cli(*args: str | Path) -> subprocess.CompletedProcess:
+    """``python -m kdtree_parity.cli ARGS`` as a user runs it, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -3,9 +3,9 @@ never its traceback, and a run with no recorded end named as such."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from parity_factories import run_parity_cli
 
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.policy import parse_policy
@@ -13,15 +13,6 @@ from kdtree_parity.runner import Targets, start_run
 from kdtree_parity.store import Store
 
 POLICY = "gate:\n  min_prompts: 1\n"
-
-
-def _cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_a_stored_traceback_stays_out_of_the_verdict(tmp_path: Path) -> None:
@@ -38,7 +29,7 @@ def test_a_stored_traceback_stays_out_of_the_verdict(tmp_path: Path) -> None:
     )
     store.finish_run(run_id, "error", error=error)
     store.close()
-    done = _cli("report", run_id, "--format", "md", "--db", db)
+    done = run_parity_cli("report", run_id, "--format", "md", "--db", db)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stdout
     assert "run stopped: error: OperationalError: database is locked" in done.stdout
@@ -53,5 +44,5 @@ def test_a_run_that_recorded_no_end_says_so(tmp_path: Path) -> None:
     policy = parse_policy(POLICY, source="p.yaml")
     run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
     store.close()
-    done = _cli("report", run_id, "--format", "md", "--db", db)
+    done = run_parity_cli("report", run_id, "--format", "md", "--db", db)
     assert "no end recorded" in done.stdout and "the run is running" not in done.stdout

@@ -3,11 +3,9 @@ Markdown and in HTML: markup escaped, no line of the gate's format forged, no bi
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from parity_factories import exact, hard
+from parity_factories import exact, hard, run_parity_cli
 
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.gate import decide, summarize
@@ -38,22 +36,13 @@ def _stored_run(tmp_path: Path) -> tuple[Path, str]:
     return db, run_id
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kdtree_parity.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_the_terminal_shows_ids_as_text(tmp_path: Path) -> None:
     """Before: ``[/x]`` crashed the CLI (exit 1, the FAIL code) and the newline plus markup
     printed a line ``verdict: PASS`` of its own."""
     db, run_id = _stored_run(tmp_path)
     policy = tmp_path / "p[red].yaml"
     policy.write_text(POLICY)
-    done = _cli("judge", run_id, "--policy", policy, "--db", db)
+    done = run_parity_cli("judge", run_id, "--policy", policy, "--db", db)
     assert done.returncode == 1, done.stderr  # the verdict's exit code, not a crash
     verdicts = [line for line in done.stdout.splitlines() if line.startswith("verdict:")]
     assert verdicts == [verdicts[0]] and verdicts[0].startswith("verdict: FAIL"), done.stdout
@@ -65,12 +54,12 @@ def test_markdown_and_html_show_ids_as_text(tmp_path: Path) -> None:
     """Before: report.md carried ``<script>`` and a ``# PASS`` line of the id's own, and the
     right-to-left override reversed the HTML report's line."""
     db, run_id = _stored_run(tmp_path)
-    md = _cli("report", run_id, "--format", "md", "--db", db)
+    md = run_parity_cli("report", run_id, "--format", "md", "--db", db)
     assert (md.returncode, md.stderr) == (1, "")  # the run's verdict: fail
     assert "<script>" not in md.stdout and "&lt;script&gt;" in md.stdout
     assert not any(line.startswith("# PASS") for line in md.stdout.splitlines())
     assert "\u202e" not in md.stdout and "\\u202e" in md.stdout
-    page = _cli("report", run_id, "--format", "html", "--db", db)
+    page = run_parity_cli("report", run_id, "--format", "html", "--db", db)
     assert (page.returncode, page.stderr) == (1, "")
     assert "\u202e" not in page.stdout and "<script>alert" not in page.stdout
 
