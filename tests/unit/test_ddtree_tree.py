@@ -12,6 +12,7 @@ from kdtree_inference.ddtree.tree import (
     DraftTree,
     accept_greedy,
     build_tree,
+    head_top_k,
     max_tree_nodes,
     verify_layout,
 )
@@ -92,6 +93,25 @@ def test_tree_is_deterministic_and_checks_its_inputs():
         build_tree(1, tokens, logprobs[:, :2], 4)
     with pytest.raises(ValueError, match="non-negative"):
         build_tree(1, tokens, logprobs, -1)
+
+
+def test_head_top_k_is_the_log_softmax_top_k_in_chunks():
+    """Chunked rows, the head's dtype and its padded vocab rows: the same top-k as one
+    full-vocab log-softmax over the real vocabulary."""
+    gen = torch.Generator().manual_seed(4)
+    vocab, padded, hidden_size, rows = 37, 40, 16, 11
+    weight = torch.randn(padded, hidden_size, generator=gen)
+    weight[vocab:] = 100.0  # padding rows that would win every top-k if read
+    hidden = torch.randn(rows, hidden_size, generator=gen, dtype=torch.float64)
+    values, indices = head_top_k(hidden, weight, vocab=vocab, top_k=5, chunk_rows=4)
+    expected = torch.topk(torch.log_softmax(hidden.float() @ weight[:vocab].T, dim=-1), k=5)
+    assert values.dtype == torch.float32 and indices.dtype == torch.int64
+    assert values.shape == indices.shape == (rows, 5)
+    assert torch.equal(indices, expected.indices)
+    torch.testing.assert_close(values, expected.values)
+    # More candidates than the vocabulary holds: all of it, best first.
+    values, indices = head_top_k(hidden[:2], weight, vocab=vocab, top_k=64)
+    assert indices.shape == (2, vocab) and (indices < vocab).all()
 
 
 def random_trees(rng, batch, budget, depth=5, top_k=3):

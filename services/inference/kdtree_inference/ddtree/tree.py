@@ -112,6 +112,30 @@ def build_tree(
     )
 
 
+def head_top_k(
+    hidden: torch.Tensor, weight: torch.Tensor, *, vocab: int, top_k: int, chunk_rows: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``top_k`` log-probabilities (float32) and token ids under the head ``weight``.
+
+    ``hidden`` is ``[rows, hidden]``, ``weight`` ``[padded vocab, hidden]`` (rows past ``vocab``
+    are padding). Rows go in chunks, as DFlash's greedy head runs: ``bs x (B - 1)`` rows of
+    full-vocab float32 logits at once would be a transient the KV pool's sizing never reserved.
+    """
+    k = min(int(top_k), int(vocab))
+    rows = int(hidden.shape[0])
+    values = torch.empty((rows, k), dtype=torch.float32, device=hidden.device)
+    indices = torch.empty((rows, k), dtype=torch.int64, device=hidden.device)
+    for start in range(0, rows, chunk_rows):
+        end = min(rows, start + chunk_rows)
+        # In the head's dtype, as DFlash casts the draft's hidden states.
+        logits = torch.nn.functional.linear(hidden[start:end].to(weight.dtype), weight)
+        logits = logits[:, :vocab].float()
+        top = torch.topk(logits, k=k, dim=-1)
+        values[start:end] = top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+        indices[start:end] = top.indices
+    return values, indices
+
+
 @dataclass(frozen=True)
 class VerifyLayout:
     """A batch of trees of one width ``W`` as SGLang's tree verify takes them."""
@@ -137,13 +161,24 @@ def verify_layout(
     ancestors = np.stack([tree.ancestors() for tree in trees])
     depths = np.stack([tree.depths for tree in trees])
     prefix = np.asarray(prefix_lens, dtype=np.int64)
-    rows = [
-        np.concatenate([np.ones((width, int(p)), dtype=np.uint8), anc.astype(np.uint8)], axis=1)
-        for p, anc in zip(prefix, ancestors, strict=True)
-    ]
 
     def to(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+    # The mask is W x (prefix + W) per request, almost all of it the all-visible prefix: it is
+    # filled on the device, and only the W x W tree cells (and their flat indices) are copied
+    # there, so the host's work and the copy do not grow with the context.
+    row_len = prefix + width
+    starts = np.concatenate([[0], np.cumsum(width * row_len)[:-1]]).astype(np.int64)
+    offsets = np.arange(width, dtype=np.int64)
+    tree_cells = (
+        starts[:, None, None]
+        + offsets[None, :, None] * row_len[:, None, None]
+        + prefix[:, None, None]
+        + offsets[None, None, :]
+    )
+    custom_mask = torch.ones(int(width * row_len.sum()), dtype=torch.uint8, device=device)
+    custom_mask[to(tree_cells.reshape(-1))] = to(ancestors.astype(np.uint8).reshape(-1))
 
     return VerifyLayout(
         tokens=to(np.stack([tree.tokens for tree in trees])),
@@ -151,7 +186,7 @@ def verify_layout(
         parents=to(np.stack([np.maximum(tree.parents, 0) for tree in trees])),
         ancestors=to(ancestors),
         positions=to((prefix[:, None] + depths).reshape(-1)),
-        custom_mask=to(np.concatenate([row.reshape(-1) for row in rows])),
+        custom_mask=custom_mask,
     )
 
 

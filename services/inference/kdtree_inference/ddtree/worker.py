@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 from .options import ddtree_topk
-from .tree import accept_greedy, accepted_kv_moves, build_tree, chain_rows, verify_layout
+from .tree import (
+    accept_greedy,
+    accepted_kv_moves,
+    build_tree,
+    chain_rows,
+    head_top_k,
+    verify_layout,
+)
 
 logger = logging.getLogger("kdtree.ddtree")
 
@@ -39,7 +46,9 @@ def ddtree_worker_class() -> type:
     """The worker class, defined on first use (once per process): SGLang's DFlash worker module
     imports its kernels at import time, which only SGLang's processes should pay for."""
     from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+    from sglang.srt.configs.hybrid_arch import mambaish_config
     from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+    from sglang.srt.lora.layers import unwrap_lora_layer
     from sglang.srt.managers.scheduler import GenerationBatchResult
     from sglang.srt.model_executor.forward_batch_info import (
         CaptureHiddenMode,
@@ -49,7 +58,10 @@ def ddtree_worker_class() -> type:
     )
     from sglang.srt.runtime_context import get_spec
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-    from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+    from sglang.srt.speculative.dflash_utils import (
+        apply_dflash_verify_logits_adjustments,
+        is_dense_head_weight,
+    )
     from sglang.srt.speculative.dflash_worker_v2 import (
         DFlashWorkerV2,
         _resolve_dflash_embedding_module,
@@ -59,6 +71,7 @@ def ddtree_worker_class() -> type:
         make_draft_block_spec_info,
     )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import draft_tp_context
 
     from .algorithm import served_draft_block_size
 
@@ -72,6 +85,18 @@ def ddtree_worker_class() -> type:
                 raise ValueError(
                     "DDTREE needs a plain DFlash draft (no candidate selector, LiLiCorr or "
                     "Domino head): it builds its tree from the draft's per-position logits"
+                )
+            if mambaish_config(self.model_runner.model_config) is not None:
+                # DFlash rolls a hybrid target's recurrent state along its verified chain; a
+                # tree's nodes share no one chain, so that state would be left wrong.
+                raise ValueError("DDTREE verifies a tree: targets with mamba layers are not served")
+            head = unwrap_lora_layer(
+                getattr(self.target_worker.model_runner.model, "lm_head", None)
+            )
+            if not is_dense_head_weight(getattr(head, "weight", None)):
+                raise ValueError(
+                    "DDTREE scores the draft's candidates with the target's lm_head as a dense "
+                    "matrix; this target's head has no dense weight"
                 )
             # DFlash sized its block from --speculative-num-draft-tokens, which for DDTree is the
             # verify width; the draft runs its own block, at most that wide.
@@ -140,7 +165,9 @@ def ddtree_worker_class() -> type:
             """Run the draft block; return each depth's top-k (log-probs, token ids) on the host."""
             bs, block = len(prefix_lens), self.block_size
             target_model = self.target_worker.model_runner.model
-            embed_module = _resolve_dflash_embedding_module(self.draft_model, target_model)
+            embed_module = unwrap_lora_layer(
+                _resolve_dflash_embedding_module(self.draft_model, target_model)
+            )
             block_ids = torch.full(
                 (bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device
             )
@@ -178,18 +205,24 @@ def ddtree_worker_class() -> type:
                 can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
             )
             plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
-            with torch.inference_mode():
+            # As DFlash runs its draft: under the draft's own parallel layout.
+            with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
                 draft_out = self.draft_model_runner.forward(forward_batch)
             hidden = draft_out.logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError("DDTREE: the DFlash draft returned no hidden states")
             hidden = hidden[: bs * block].view(bs, block, -1)[:, 1:, :]
-            lm_head = target_model.lm_head
-            vocab = int(self.model_runner.model_config.vocab_size)
-            logits = torch.nn.functional.linear(hidden, lm_head.weight)[..., :vocab]
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            top = torch.topk(logprobs, k=min(self.top_k, vocab), dim=-1)
-            return top.values.cpu().numpy(), top.indices.cpu().numpy()
+            values, indices = head_top_k(
+                hidden.reshape(-1, hidden.shape[-1]),
+                unwrap_lora_layer(target_model.lm_head).weight,
+                vocab=int(self.model_runner.model_config.vocab_size),
+                top_k=self.top_k,
+            )
+            depth = block - 1
+            return (
+                values.view(bs, depth, -1).cpu().numpy(),
+                indices.view(bs, depth, -1).cpu().numpy(),
+            )
 
         def _decode_tree(self, batch, on_publish):
             draft_input = batch.spec_info
