@@ -292,9 +292,11 @@ def ddtree_worker_class() -> type:
             acceptance = accept_greedy(layout, predict)
             rows = chain_rows(acceptance)
 
-            # The path's logits in chain order, as the logprob pass reads a DFlash block.
-            logits_output.next_token_logits = logits_output.next_token_logits[rows]
             if batch.return_logprob:
+                # The path's logits in chain order, as the logprob pass reads a DFlash block.
+                # Only then: nothing past this step reads the logits, and the gather copies
+                # bs x W full-vocab rows.
+                logits_output.next_token_logits = logits_output.next_token_logits[rows]
                 compute_spec_logprobs(
                     batch,
                     logits_output,
