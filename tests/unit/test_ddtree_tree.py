@@ -278,3 +278,32 @@ def test_accepted_kv_moves_compact_the_path_in_sglangs_mla_pool():
             b * width + int(i)
             for i in acceptance.chain_index[b, : int(acceptance.accept_lens[b]) + 1]
         ]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 7])
+def test_accepted_kv_moves_survive_a_chunked_copy(chunk):
+    """The moves applied in consecutive chunks (each gathering before it writes, as SGLang's MHA
+    copy kernel does above 256 locations) equal the moves applied at once."""
+    from kdtree_inference.ddtree.tree import accepted_kv_moves
+
+    rng = np.random.default_rng(chunk)
+    trees = random_trees(rng, 4, budget=12, depth=5, top_k=2)
+    layout = verify_layout(trees, [0, 3, 1, 6])
+    width = trees[0].size
+    predict = rng.integers(0, 50, size=(4, width))
+    for b, tree in enumerate(trees):  # lead each walk to its deepest node
+        node = int(np.argmax(tree.depths))
+        while node > 0:
+            predict[b, tree.parents[node]] = tree.tokens[node]
+            node = tree.parents[node]
+    acceptance = accept_greedy(layout, torch.from_numpy(predict))
+    assert (acceptance.accept_lens > 1).all()
+    window = torch.from_numpy(rng.permutation(80)[: 4 * width].reshape(4, width)).to(torch.int64)
+    targets, sources = accepted_kv_moves(window, acceptance)
+    kv = torch.randn(80, 3)
+    at_once = kv.clone()
+    at_once[targets] = at_once[sources]
+    chunked = kv.clone()
+    for start in range(0, targets.numel(), chunk):
+        chunked[targets[start : start + chunk]] = chunked[sources[start : start + chunk]]
+    assert torch.equal(chunked, at_once)

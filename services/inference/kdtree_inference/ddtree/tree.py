@@ -254,9 +254,12 @@ def accepted_kv_moves(
     """``(targets, sources)`` KV slots that put the path's node at depth ``j`` into slot ``j`` of
     the request's verify window (``window`` is ``[bs, W]``, node i's KV in slot i).
 
-    Static shapes for every batch: past the path a slot moves onto itself. A KV pool's
-    ``move_kv_cache`` gathers every source before it writes, so a source that is also a target
-    is read first.
+    Static shapes for every batch: past the path a slot moves onto itself. A source can also be a
+    target: SGLang's MLA pool gathers every source before it writes, and its MHA pools' copy
+    kernel loads its locations before storing them, but in chunks of at most 256 locations, one
+    after another. That is safe too: the path's node at depth ``j`` is tree node ``>= j``
+    (parents precede children), so a move reads its request's column ``j`` or one to the right
+    and writes column ``j``, and a later chunk never reads what an earlier one wrote.
     """
     column = torch.arange(window.shape[1], device=window.device)[None, :]
     on_path = column <= acceptance.accept_lens[:, None]
