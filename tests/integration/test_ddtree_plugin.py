@@ -63,6 +63,24 @@ SCRIPT = textwrap.dedent(
                     "target_width": algo.get_num_tokens_per_req_for_target_verify(width, False),
                     "draft_width": algo.get_num_tokens_per_req_for_target_verify(width, True),
                 }
+        # What SGLang's scheduler calls on its algorithm at start, whatever the algorithm.
+        import inspect
+
+        import torch
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        future_map = algo.create_future_map(torch.device("cpu"), ReqToTokenPool(4, 32, "cpu", False))
+        found["scheduler_calls"] = {
+            "carries_draft_hidden_states": algo.carries_draft_hidden_states(),
+            "need_topk": algo.need_topk(),
+            "future_map": type(future_map).__name__,
+            "future_map_algo": future_map.spec_algo is algo,
+        }
+        found["enum_methods_missing"] = sorted(
+            name
+            for name, value in vars(SpeculativeAlgorithm).items()
+            if inspect.isfunction(value) and not name.startswith("_") and not hasattr(algo, name)
+        )
         try:
             algo.create_worker(type("Args", (), {"disable_overlap_schedule": False})())
             found["overlap_refused"] = None
@@ -111,6 +129,16 @@ def test_spawned_scheduler_registers_ddtree(tmp_path, draft):
     assert (found["worker"], found["worker_is_dflash"]) == ("DDTreeWorker", True)
     assert found["overlap"] is False
     assert "does not support overlap scheduling" in found["overlap_refused"]
+    # SGLang's scheduler calls these on any algorithm at start (CustomSpecAlgo lacks them).
+    assert found["scheduler_calls"] == {
+        "carries_draft_hidden_states": False,
+        "need_topk": False,
+        "future_map": "FutureMap",
+        "future_map_algo": True,
+    }
+    # The enum's one other instance method: an out-of-tree platform's worker class, which only
+    # the enum's own create_worker and adaptive speculation ask for.
+    assert found["enum_methods_missing"] == ["get_platform_worker_cls"]
     # Budget 16: the target verifies 17 nodes, the draft runs its 16-token block.
     assert found["DDTREE-17"] == {"mask": True, "target_width": 17, "draft_width": 16}
     # Budget 8: a tree of 8 nodes is at most 8 deep, so the draft's block is capped at 9.

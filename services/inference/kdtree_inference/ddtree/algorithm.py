@@ -130,10 +130,21 @@ def _keep_declarations(resolver: Any, server_args: Any) -> None:
 
 
 def _spec_class() -> type:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     class DDTreeAlgorithm(CustomSpecAlgo):
         """DFlash's plumbing, DDTree's worker and widths."""
+
+        # SGLang's scheduler calls these on its algorithm whatever it is (``init_disaggregation``:
+        # ``carries_draft_hidden_states``, ``init_overlap``: ``create_future_map``, whose map
+        # calls ``need_topk``), and ``CustomSpecAlgo`` has none of them: the scheduler would
+        # stop at start with an AttributeError. SGLang's own definitions, which read only the
+        # ``is_*()`` answers below (no draft hidden states carried, no top-k relayed, a plain
+        # FutureMap).
+        carries_draft_hidden_states = SpeculativeAlgorithm.carries_draft_hidden_states
+        need_topk = SpeculativeAlgorithm.need_topk
+        create_future_map = SpeculativeAlgorithm.create_future_map
 
         def is_dflash(self) -> bool:
             return True
