@@ -256,7 +256,7 @@ def accepted_kv_moves(
 
     Static shapes for every batch: past the path a slot moves onto itself. A source can also be a
     target: SGLang's MLA pool gathers every source before it writes, and its MHA pools' copy
-    kernel loads its locations before storing them, but in chunks of at most 256 locations, one
+    kernel loads its locations before storing them, but in chunks of 128 or 256 locations, one
     after another. That is safe too: the path's node at depth ``j`` is tree node ``>= j``
     (parents precede children), so a move reads its request's column ``j`` or one to the right
     and writes column ``j``, and a later chunk never reads what an earlier one wrote.
