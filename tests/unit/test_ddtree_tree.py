@@ -283,7 +283,7 @@ def test_accepted_kv_moves_compact_the_path_in_sglangs_mla_pool():
 @pytest.mark.parametrize("chunk", [1, 2, 5, 7])
 def test_accepted_kv_moves_survive_a_chunked_copy(chunk):
     """The moves applied in consecutive chunks (each gathering before it writes, as SGLang's MHA
-    copy kernel does above 256 locations) equal the moves applied at once."""
+    copy kernel does past one chunk of locations) equal the moves applied at once."""
     from kdtree_inference.ddtree.tree import accepted_kv_moves
 
     rng = np.random.default_rng(chunk)
