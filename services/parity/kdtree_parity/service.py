@@ -47,14 +47,7 @@ from kdtree_parity.logs import PROGRESS_EVERY_S, event
 from kdtree_parity.policy import PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import (
-    PreparedRun,
-    RunRefused,
-    Targets,
-    execute_run,
-    prepare_run,
-    start_run,
-)
+from kdtree_parity.runner import PreparedRun, RunRefused, execute_run, prepare_run, start_run
 from kdtree_parity.settings import ParitySettings, SettingsError, load_settings, target_tokens
 from kdtree_parity.store import (
     FINAL_STATUSES,
@@ -64,6 +57,7 @@ from kdtree_parity.store import (
     RunRecord,
     Store,
 )
+from kdtree_parity.targets import TARGET_ROLES, Targets
 from kdtree_parity.yaml_load import YAMLError, load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
@@ -118,8 +112,8 @@ class ConfigurationError(ValueError):
     """The service's configuration cannot serve a single run: it refuses to start."""
 
 
-class PairTargets(BaseModel):
-    """One entry of the pairs file (``floor``: the A/A' target; ``*_image``: labels)."""
+class _PairEntry(BaseModel):
+    """One entry of the pairs file as written (``floor``: the A/A' target; ``*_image``: labels)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,10 +127,13 @@ class PairTargets(BaseModel):
     floor_image: str | None = None
 
     def targets(self) -> Targets:
-        return Targets(**self.model_dump())
+        images = {role: getattr(self, f"{role}_image") for role in TARGET_ROLES}
+        return Targets.from_urls(
+            self.baseline, self.candidate, self.replica, self.floor, images=images
+        )
 
 
-_PAIRS_FILE = TypeAdapter(Annotated[dict[str, PairTargets], Field(min_length=1)])
+_PAIRS_FILE = TypeAdapter(Annotated[dict[str, _PairEntry], Field(min_length=1)])
 
 
 def load_pairs(path: Path) -> dict[str, Targets]:
@@ -190,18 +187,7 @@ class ServiceSettings:
         if settings.pairs:
             pairs = load_pairs(Path(settings.pairs))
         else:
-            pairs = {
-                "default": Targets(
-                    settings.baseline_url,
-                    settings.candidate_url,
-                    settings.replica_url or None,
-                    settings.baseline_image or None,
-                    settings.candidate_image or None,
-                    settings.replica_image or None,
-                    settings.floor_url or None,
-                    settings.floor_image or None,
-                )
-            }
+            pairs = {"default": Targets.from_settings(settings)}
         try:
             tokens = target_tokens(settings)
         except SettingsError as exc:
@@ -221,9 +207,9 @@ class ServiceSettings:
         """The configured corpus and policy as they are now; ConfigurationError naming every
         problem a POST /runs would otherwise hit."""
         urls = {
-            f"pair {name!r} {role}": url
+            label: url
             for name, targets in self.pairs.items()
-            for role, url in targets.as_roles().items()
+            for label, url in targets.labelled_urls(f"pair {name!r} ").items()
         }
         try:
             return prepare_run(self.corpus, self.policy, urls)
@@ -462,7 +448,7 @@ def _prepare(state: ServiceState, corpus_spec: str, targets: Targets) -> Prepare
     corpus = _unchanged(corpus_spec, load_corpus, CorpusError, started.corpus, "corpus")
     policy = _unchanged(state.settings.policy, load_policy, PolicyError, started.policy, "policy")
     try:
-        return prepare_run(corpus, policy, targets.as_roles())
+        return prepare_run(corpus, policy, targets.labelled_urls())
     except RunRefused as exc:
         raise HTTPException(400, str(exc)) from None
 
