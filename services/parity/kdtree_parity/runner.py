@@ -346,7 +346,7 @@ async def _open_run(
     """The recorded run's corpus, policy and one open client per server (closed by ``stack``)."""
     corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
     policy = parse_policy(record.policy_text, source=record.policy_source).policy
-    targets = Targets.from_record(record.targets).with_tokens(tokens)
+    targets = record.as_targets().with_tokens(tokens)
     clients: dict[TargetRole, TargetClient] = {}
     for target in targets:
         client = TargetClient(target.role, target.url, policy.replay, bearer_token=target.token)

@@ -320,7 +320,7 @@ def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
         },
         "verdict": record.verdict,
         "error": record.error,
-        "targets": {role: url for role, (url, _) in record.targets.items()},
+        "targets": record.target_urls(),
         "corpus": {"source": record.corpus_source, "sha256": record.corpus_sha256},
         "policy": {"source": record.policy_source, "sha256": record.policy_sha256},
         "links": {
@@ -472,7 +472,7 @@ class _RunEvents:
             corpus=record.corpus_source,
             corpus_sha256=record.corpus_sha256,
             policy=record.policy_source,
-            targets={role: url for role, (url, _) in record.targets.items()},
+            targets=record.target_urls(),
         )
 
     def progress(self, done: int, total: int, result: PromptResult | None) -> None:

@@ -245,7 +245,7 @@ def resume(store: Store, args: argparse.Namespace) -> Started:
         record = store.claim_for_resume(args.resume)
     except ValueError as exc:
         raise Refusal(f"cannot resume {args.resume}: {exc}") from None
-    targets = Targets.from_record(record.targets).with_images(given_images(args))
+    targets = record.as_targets().with_images(given_images(args))
     console.print(
         f"resuming run {record.id}: {record.prompts_ok}/{record.prompts_total} prompts done"
     )
