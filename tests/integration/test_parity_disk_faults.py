@@ -25,8 +25,9 @@ from kdtree_parity.gate import decide, summarize
 from kdtree_parity.generation import Generation, TopLogprob
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.results import Outcome, PromptResult
-from kdtree_parity.runner import Targets, start_run, verdict_to_json
+from kdtree_parity.runner import start_run, verdict_to_json
 from kdtree_parity.store import Store
+from kdtree_parity.targets import Targets
 
 pytestmark = pytest.mark.slow
 PY = shlex.quote(sys.executable)
@@ -37,7 +38,9 @@ def passed_run(db: Path) -> str:
     store = Store(db)
     corpus = parse_corpus(b'{"id": "a", "text": "x"}\n', source="c.jsonl")
     policy = parse_policy("gate: {min_prompts: 1}\n")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:9", "http://127.0.0.1:10"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:9", "http://127.0.0.1:10")
+    )
     g = Generation(
         output_ids=(1, 2),
         token_logprobs=(-0.1, -0.1),

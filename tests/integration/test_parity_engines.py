@@ -27,8 +27,9 @@ from PIL import Image
 
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.policy import parse_policy
-from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.runner import execute_run, start_run
 from kdtree_parity.store import AsyncStore, Store
+from kdtree_parity.targets import Targets
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +183,7 @@ def test_killed_candidate_gives_error_then_resume_finishes(
             store,
             parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
             parse_policy(policy_path.read_text(), str(policy_path)),
-            Targets(baseline, proxy.url),
+            Targets.from_urls(baseline, proxy.url),
             out_dir=str(tmp_path / "out"),
         )
         outcome = asyncio.run(execute_run(AsyncStore(store), run_id))

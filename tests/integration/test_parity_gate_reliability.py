@@ -28,8 +28,9 @@ from kdtree_inference.engine.config import ModelConfig
 from kdtree_inference.engine.model import save_weights, seeded_weights
 from kdtree_parity.corpus import load_corpus, parse_corpus
 from kdtree_parity.policy import parse_policy
-from kdtree_parity.runner import Targets, execute_run, start_run
+from kdtree_parity.runner import execute_run, start_run
 from kdtree_parity.store import AsyncStore, Store
+from kdtree_parity.targets import Targets
 
 pytestmark = pytest.mark.slow
 PROMPTS = 6
@@ -128,7 +129,7 @@ def test_resume_refuses_a_different_build_unless_told_and_then_reports_it(
             store,
             parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
             parse_policy(policy_path.read_text(), str(policy_path)),
-            Targets(baseline, proxy.url, candidate_image="sha256:one"),
+            Targets.from_urls(baseline, proxy.url, images={"candidate": "sha256:one"}),
             out_dir=str(tmp_path / "out"),
         )
         assert asyncio.run(execute_run(AsyncStore(store), run_id)).status == "error"
@@ -229,7 +230,7 @@ def test_a_run_whose_reports_cannot_be_written_is_not_passed(
         store,
         parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
         parse_policy(policy_path.read_text(), str(policy_path)),
-        Targets(baseline, candidate),
+        Targets.from_urls(baseline, candidate),
         out_dir=str(blocker / "out"),  # the CLI would refuse this; the runner must cope too
     )
     outcome = asyncio.run(execute_run(AsyncStore(store), run_id))
@@ -372,7 +373,7 @@ def test_resume_refuses_a_target_whose_build_cannot_be_verified(
             store,
             parse_corpus(corpus_path.read_bytes(), str(corpus_path)),
             parse_policy(policy_path.read_text(), str(policy_path)),
-            Targets(baseline, proxy.url),
+            Targets.from_urls(baseline, proxy.url),
             out_dir=str(tmp_path / "out"),
         )
         assert asyncio.run(execute_run(AsyncStore(store), run_id)).status == "passed"

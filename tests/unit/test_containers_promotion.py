@@ -35,8 +35,9 @@ from kdtree_parity.promote.records import (
 from kdtree_parity.promote.registry import check_registry, registry_host
 from kdtree_parity.report import write_report_files
 from kdtree_parity.report.schema import Report
-from kdtree_parity.runner import Targets, start_run, verdict_to_json
+from kdtree_parity.runner import start_run, verdict_to_json
 from kdtree_parity.store import Store
+from kdtree_parity.targets import Targets
 
 A, B, C = ("sha256:" + ch * 64 for ch in "abc")
 IMAGE = "kdtree/inference"
@@ -141,7 +142,9 @@ def _gate_run(directory: Path, results: list) -> Path:
     corpus_text = "".join(json.dumps({"id": r.entry.id, "text": "t"}) + "\n" for r in results)
     corpus = parse_corpus(corpus_text.encode(), source="unit.jsonl")
     policy = parse_policy("gate:\n  min_prompts: 2\n", source="unit.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
+    )
     for index, prompt in enumerate(results):
         store.save_result(run_id, index, prompt)
     verdict = decide(summarize(store.results(run_id), len(results)), policy.policy.gate)

@@ -9,8 +9,9 @@ from parity_factories import run_parity_cli
 
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.policy import parse_policy
-from kdtree_parity.runner import Targets, start_run
+from kdtree_parity.runner import start_run
 from kdtree_parity.store import Store
+from kdtree_parity.targets import Targets
 
 POLICY = "gate:\n  min_prompts: 1\n"
 
@@ -22,7 +23,9 @@ def test_a_stored_traceback_stays_out_of_the_verdict(tmp_path: Path) -> None:
     store = Store(db)
     corpus = parse_corpus(b'{"id": "x", "text": "x"}\n', source="c.jsonl")
     policy = parse_policy(POLICY, source="p.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
+    )
     error = (
         "OperationalError: database is locked\nTraceback (most recent call last):\n"
         '  File "runner.py", line 1, in execute_run\nsqlite3.OperationalError: database is locked'
@@ -42,7 +45,9 @@ def test_a_run_that_recorded_no_end_says_so(tmp_path: Path) -> None:
     store = Store(db)
     corpus = parse_corpus(b'{"id": "x", "text": "x"}\n', source="c.jsonl")
     policy = parse_policy(POLICY, source="p.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
+    )
     store.close()
     done = run_parity_cli("report", run_id, "--format", "md", "--db", db)
     assert "no end recorded" in done.stdout and "the run is running" not in done.stdout

@@ -531,10 +531,11 @@ def test_corpus_lines_end_at_newlines_only_and_keys_are_unique() -> None:
 
 def test_a_refused_out_dir_leaves_no_empty_folder(tmp_path: Path, monkeypatch) -> None:
     """Before: the folders made for the write check stayed behind when --out was refused."""
-    from kdtree_parity import cli
+    from kdtree_parity.commands import run
+    from kdtree_parity.commands.options import Refusal
 
-    monkeypatch.setattr(cli, "MIN_FREE_BYTES", 1 << 62)  # no disk has that much free
+    monkeypatch.setattr(run, "MIN_FREE_BYTES", 1 << 62)  # no disk has that much free
     out = tmp_path / "new" / "reports"
-    with pytest.raises(cli._Refusal, match="MiB free"):
-        cli._check_out_dir(str(out))
+    with pytest.raises(Refusal, match="MiB free"):
+        run.check_out_dir(str(out))
     assert list(tmp_path.iterdir()) == []

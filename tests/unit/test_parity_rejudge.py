@@ -13,8 +13,9 @@ from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.gate import decide, summarize
 from kdtree_parity.generation import Generation, TopLogprob
 from kdtree_parity.policy import parse_policy
-from kdtree_parity.runner import Targets, start_run, verdict_to_json
+from kdtree_parity.runner import start_run, verdict_to_json
 from kdtree_parity.store import Store
+from kdtree_parity.targets import Targets
 
 STORED_POLICY = (
     "compare:\n  near_tie_epsilon: 0.25\n"
@@ -42,7 +43,9 @@ def stored_run(tmp_path: Path, finished: bool = True) -> tuple[Path, str]:
     store = Store(db)
     corpus = parse_corpus(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n', source="c.jsonl")
     policy = parse_policy(STORED_POLICY, source="stored.yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
+    )
     flip = result("b", ok(tie([1, 2, 3], 4, 0.5)), ok(tie([1, 2, 4], 3, 0.5)), epsilon=0.25)
     store.save_result(run_id, 0, exact("a"))
     store.save_result(run_id, 1, flip)

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kdtree_parity.corpus import load_corpus
-from kdtree_parity.runner import Targets
 from kdtree_parity.service import ConfigurationError, ServiceSettings, create_app, load_pairs
 from kdtree_parity.settings import ENV_PREFIX, ParitySettings
+from kdtree_parity.targets import Targets
 
 TOKEN = "s3cret-token"
 
@@ -19,7 +19,7 @@ TOKEN = "s3cret-token"
 def settings(tmp_path: Path, token: str = TOKEN) -> ServiceSettings:
     return ServiceSettings(
         token=token,
-        pairs={"default": Targets("http://127.0.0.1:9", "http://127.0.0.1:10")},
+        pairs={"default": Targets.from_urls("http://127.0.0.1:9", "http://127.0.0.1:10")},
         corpus="short",
         policy="short",
         db=str(tmp_path / "runs.sqlite3"),
@@ -106,8 +106,8 @@ def from_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> ServiceSet
 def test_settings_from_env_and_pairs_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"KDTREE_PARITY_TOKEN": "t", "KDTREE_PARITY_BASELINE_URL": "http://b:1"}
     s = from_env(monkeypatch, env)
-    assert s.token == "t" and s.pairs["default"].baseline == "http://b:1"
-    assert s.pairs["default"].candidate == "http://127.0.0.1:30002"  # the documented default
+    assert s.token == "t" and s.pairs["default"].baseline.url == "http://b:1"
+    assert s.pairs["default"].candidate.url == "http://127.0.0.1:30002"  # the documented default
     pairs = tmp_path / "pairs.yaml"
     pairs.write_text(
         "gpu0:\n  baseline: http://a:1\n  candidate: http://c:1\n  replica: http://r:1\n"
@@ -115,9 +115,11 @@ def test_settings_from_env_and_pairs_file(tmp_path: Path, monkeypatch: pytest.Mo
     )
     s = from_env(monkeypatch, {"KDTREE_PARITY_PAIRS": str(pairs)})
     assert s.pairs == {
-        "gpu0": Targets("http://a:1", "http://c:1", "http://r:1", candidate_image="sha256:c")
+        "gpu0": Targets.from_urls(
+            "http://a:1", "http://c:1", "http://r:1", images={"candidate": "sha256:c"}
+        )
     }
-    assert s.pairs["gpu0"].images() == {"candidate": "sha256:c"}
+    assert s.pairs["gpu0"].record_images() == {"candidate": "sha256:c"}
     pairs.write_text("gpu0:\n  baseline: http://a:1\n")
     with pytest.raises(ValueError, match="needs 'baseline' and 'candidate'"):
         load_pairs(pairs)

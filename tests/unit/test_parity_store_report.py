@@ -28,8 +28,9 @@ from kdtree_parity.report import (
     write_report_files,
 )
 from kdtree_parity.report.schema import Report
-from kdtree_parity.runner import Targets, execute_run, start_run, verdict_to_json
+from kdtree_parity.runner import execute_run, start_run, verdict_to_json
 from kdtree_parity.store import AsyncStore, LeaseLost, PairBusy, Store, StoreError
+from kdtree_parity.targets import Targets
 
 POLICY_TEXT = "gate:\n  min_prompts: 2\n  min_exact_match_rate: 0.5\n"
 
@@ -41,7 +42,7 @@ def corpus_bytes(ids: list[str]) -> bytes:
 def new_run(store: Store, ids: list[str], baseline: str = "http://127.0.0.1:1") -> str:
     corpus = parse_corpus(corpus_bytes(ids), source="unit.jsonl")
     policy = parse_policy(POLICY_TEXT, source="unit.yaml")
-    return start_run(store, corpus, policy, Targets(baseline, "http://127.0.0.1:2"))
+    return start_run(store, corpus, policy, Targets.from_urls(baseline, "http://127.0.0.1:2"))
 
 
 def finish(store: Store, run_id: str, total: int) -> str:
@@ -127,7 +128,7 @@ def test_unreachable_targets_end_in_error_with_a_report(tmp_path: Path) -> None:
         store,
         corpus,
         policy,
-        Targets(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
+        Targets.from_urls(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
         out_dir=str(tmp_path / "out"),
     )
     outcome = asyncio.run(execute_run(AsyncStore(store), run_id))
@@ -211,7 +212,7 @@ def test_a_pair_runs_once_across_stores_and_a_lost_lease_stops_writes(tmp_path: 
     first, second = Store(db), Store(db)
     corpus = parse_corpus(corpus_bytes(["a"]), source="unit.jsonl")
     policy = parse_policy(POLICY_TEXT, source="unit.yaml")
-    targets = Targets("http://127.0.0.1:1", "http://127.0.0.1:2")
+    targets = Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
     run_id = start_run(first, corpus, policy, targets, pair="gpu0", exclusive=True)
     with pytest.raises(PairBusy, match=run_id):
         start_run(second, corpus, policy, targets, pair="gpu0", exclusive=True)
@@ -409,7 +410,7 @@ def test_stored_runs_holding_nan_or_an_infinite_threshold_still_report(tmp_path:
         parse_policy(POLICY_TEXT).policy, "old.yaml", "gate:\n  max_logprob_drift_p99: .inf\n"
     )
     corpus = parse_corpus(corpus_bytes(["n", "a"]), source="unit.jsonl")
-    targets = Targets("http://127.0.0.1:1", "http://127.0.0.1:2")
+    targets = Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
     nan_run = start_run(store, corpus, parse_policy(POLICY_TEXT, "unit.yaml"), targets)
     inf_run = start_run(store, corpus, old_policy, targets)
     for run_id in (nan_run, inf_run):

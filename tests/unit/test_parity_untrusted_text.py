@@ -10,8 +10,9 @@ from parity_factories import exact, hard, run_parity_cli
 from kdtree_parity.corpus import parse_corpus
 from kdtree_parity.gate import decide, summarize
 from kdtree_parity.policy import parse_policy
-from kdtree_parity.runner import Targets, start_run, verdict_to_json
+from kdtree_parity.runner import start_run, verdict_to_json
 from kdtree_parity.store import Store
+from kdtree_parity.targets import Targets
 from kdtree_parity.untrusted_text import for_markdown, for_terminal, printable
 
 MARKUP_ID = "a[/x]"
@@ -26,7 +27,9 @@ def _stored_run(tmp_path: Path) -> tuple[Path, str]:
     lines = (f'{{"id": "{i}", "text": "x"}}\n' for i in "xyz")
     corpus = parse_corpus("".join(lines).encode(), source="c.jsonl")
     policy = parse_policy(POLICY, source="p[/y].yaml")
-    run_id = start_run(store, corpus, policy, Targets("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    run_id = start_run(
+        store, corpus, policy, Targets.from_urls("http://127.0.0.1:1", "http://127.0.0.1:2")
+    )
     results = [exact(MARKUP_ID), hard(FORGED_ID), hard(HTML_ID)]
     for i, r in enumerate(results):
         store.save_result(run_id, i, r)

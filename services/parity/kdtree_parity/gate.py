@@ -311,6 +311,29 @@ EVIDENCE_RULES = frozenset(
 )
 
 
+class _Rules:
+    """The reasons of one verdict, in the order the rules are applied. Called as ``rules(name,
+    ok, bad, message, test)``: the rule passes when ``ok``, else its outcome is ``bad``."""
+
+    def __init__(self) -> None:
+        self.reasons: list[Reason] = []
+
+    def __call__(
+        self, name: str, ok: bool, bad: RuleOutcome, message: str, test: TestResult | None = None
+    ) -> None:
+        self.reasons.append(Reason(name, "pass" if ok else bad, message, test))
+
+    def compared(
+        self, name: str, pair: PairSummary, ok: bool, message: str, test: TestResult | None = None
+    ) -> None:
+        """A rule over the prompts ``pair`` compared: a rate or a percentile of nothing is not
+        evidence either way (undecided)."""
+        if pair.compared == 0:
+            self(name, False, "undecided", "no prompt was compared on every target", test)
+        else:
+            self(name, ok, "fail", message, test)
+
+
 def decide(
     summary: Summary,
     gate: GateSettings,
@@ -327,26 +350,24 @@ def decide(
     targets (``reference_targets.identity_problems``); the floor's and the twin's agreement with
     the baseline is checked here.
     """
-    reasons: list[Reason] = []
-
-    def rule(
-        name: str, ok: bool, bad: RuleOutcome, message: str, test: TestResult | None = None
-    ) -> None:
-        reasons.append(Reason(name, "pass" if ok else bad, message, test))
-
-    def compared_rule(
-        name: str, pair: PairSummary, ok: bool, message: str, test: TestResult | None = None
-    ) -> None:
-        # A rate or a percentile of nothing is not evidence either way.
-        if pair.compared == 0:
-            rule(name, False, "undecided", "no prompt was compared on every target", test)
-        else:
-            rule(name, ok, "fail", message, test)
-
-    c, aa, noise, label = summary.candidate, summary.aa, summary.noise, summary.noise_label
+    rules = _Rules()
     level = per_test_alpha(gate.alpha)
+    _completeness_rules(rules, summary, aborted_because)
+    _reference_rule(rules, summary, gate, reference_problems)
+    _candidate_error_rules(rules, summary, gate, candidate_refused)
+    _sample_rules(rules, summary, gate)
+    _match_rules(rules, summary, gate)
+    _divergence_rule(rules, rules.compared, summary, gate, level)
+    _finish_reason_rule(rules, summary, gate)
+    _drift_rule(rules, summary, gate, level)
+    _speed_rule(rules, summary, gate, level)
+    return Verdict(verdict_status(rules.reasons), tuple(rules.reasons))
+
+
+def _completeness_rules(rules: _Rules, summary: Summary, aborted_because: str | None) -> None:
+    """complete, baseline_errors, undecidable_prompts: whether the run has what a verdict needs."""
     done = summary.prompts_done == summary.prompts_total and aborted_because is None
-    rule(
+    rules(
         "complete",
         done,
         "undecided",
@@ -355,14 +376,14 @@ def decide(
     )
     base_roles = ("baseline", "aa", "floor") if summary.floor is not None else ("baseline", "aa")
     baseline_errors = sum(summary.error_count(role) for role in base_roles)
-    rule(
+    rules(
         "baseline_errors",
         baseline_errors == 0,
         "undecided",
         f"{baseline_errors} baseline/A-A{'/A-Aprime' if summary.floor is not None else ''} "
         f"request error(s) {_kinds(summary.errors, base_roles)}".rstrip(),
     )
-    rule(
+    rules(
         "undecidable_prompts",
         not summary.undecidable,
         "undecided",
@@ -370,17 +391,24 @@ def decide(
         + "".join(f"; {pid} ({why[:300]})" for pid, why in summary.undecidable[:10])
         + (" ..." if len(summary.undecidable) > 10 else ""),
     )
+
+
+def _reference_rule(
+    rules: _Rules, summary: Summary, gate: GateSettings, reference_problems: Sequence[str]
+) -> None:
+    """reference_targets: the identities' problems, and the floor's and the twin's agreement
+    with the baseline."""
     floor = summary.floor
     problems = [
         *reference_problems,
         *agreement_problems(
             floor.hard if floor is not None else None,
             floor.drift.p99 if floor is not None and floor.drift.count else None,
-            aa.hard,
+            summary.aa.hard,
             gate.max_floor_drift_p99,
         ),
     ]
-    rule(
+    rules(
         "reference_targets",
         not problems,
         "undecided",
@@ -390,15 +418,21 @@ def decide(
             f"bounds (no hard divergence, p99 drift at most {gate.max_floor_drift_p99:g})"
         ),
     )
+
+
+def _candidate_error_rules(
+    rules: _Rules, summary: Summary, gate: GateSettings, candidate_refused: str | None
+) -> None:
+    """candidate_reachable (no answer: undecided), candidate_errors (a wrong answer: fail)."""
     unreachable = summary.error_count("candidate", transport=True)
-    rule(
+    rules(
         "candidate_reachable",
         unreachable == 0,
         "undecided",
         f"{unreachable} candidate request(s) got no answer (connect/timeout/503)",
     )
     refused = summary.error_count("candidate", transport=False)
-    rule(
+    rules(
         "candidate_errors",
         refused <= gate.max_candidate_errors and candidate_refused is None,
         "fail",
@@ -406,39 +440,55 @@ def decide(
         f"(max {gate.max_candidate_errors})"
         + (f"; {candidate_refused}" if candidate_refused else ""),
     )
-    rule(
+
+
+def _sample_rules(rules: _Rules, summary: Summary, gate: GateSettings) -> None:
+    """min_prompts, aa_exact: enough prompts compared, and a deterministic baseline."""
+    aa = summary.aa
+    rules(
         "min_prompts",
         summary.prompts_compared >= gate.min_prompts,
         "undecided",
         f"{summary.prompts_compared} prompts compared on every target (min {gate.min_prompts})",
     )
-    rule(
+    rules(
         "aa_exact",
         gate.allow_aa_divergence or aa.diverged == 0,
         "undecided",
         f"A/A: {aa.diverged} of {aa.compared} prompts differ between the baseline and its twin"
         + ("" if gate.allow_aa_divergence else " (the baseline must be deterministic)"),
     )
-    hard_ids = ", ".join(c.hard_prompt_ids[:20]) + (" ..." if len(c.hard_prompt_ids) > 20 else "")
-    rule(
+
+
+def _first_ids(ids: Sequence[str], shown: int = 20) -> str:
+    return ", ".join(ids[:shown]) + (" ..." if len(ids) > shown else "")
+
+
+def _match_rules(rules: _Rules, summary: Summary, gate: GateSettings) -> None:
+    """hard_divergences (the excess over the noise), exact_match_rate."""
+    c, noise, label = summary.candidate, summary.noise, summary.noise_label
+    hard_ids = _first_ids(c.hard_prompt_ids)
+    rules(
         "hard_divergences",
         summary.excess_hard <= gate.max_hard_divergences,
         "fail",
         f"{c.hard} hard divergence(s) vs {noise.hard} in {label}, excess {summary.excess_hard} "
         f"(max {gate.max_hard_divergences})" + (f": {hard_ids}" if hard_ids else ""),
     )
-    compared_rule(
+    rules.compared(
         "exact_match_rate",
         c,
         c.exact_rate >= gate.min_exact_match_rate,
         f"candidate exact-match rate {c.exact_rate:.3f} ({c.exact}/{c.compared}), "
         f"min {gate.min_exact_match_rate:g}",
     )
-    _divergence_rule(rule, compared_rule, summary, gate, level)
-    mismatch_ids = ", ".join(c.finish_mismatch_prompt_ids[:20]) + (
-        " ..." if len(c.finish_mismatch_prompt_ids) > 20 else ""
-    )
-    compared_rule(
+
+
+def _finish_reason_rule(rules: _Rules, summary: Summary, gate: GateSettings) -> None:
+    """finish_reasons: the baseline's tokens with another finish reason, in excess of the noise."""
+    c, noise, label = summary.candidate, summary.noise, summary.noise_label
+    mismatch_ids = _first_ids(c.finish_mismatch_prompt_ids)
+    rules.compared(
         "finish_reasons",
         c,
         summary.excess_finish_mismatch <= gate.max_finish_mismatches,
@@ -446,9 +496,6 @@ def decide(
         f"{noise.finish_mismatch} in {label}, excess {summary.excess_finish_mismatch} "
         f"(max {gate.max_finish_mismatches})" + (f": {mismatch_ids}" if mismatch_ids else ""),
     )
-    _drift_rule(rule, summary, gate, level)
-    _speed_rule(rule, summary, gate, level)
-    return Verdict(verdict_status(reasons), tuple(reasons))
 
 
 RuleFn = Callable[..., None]

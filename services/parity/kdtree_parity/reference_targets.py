@@ -25,30 +25,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+from kdtree_parity.targets import RECORD_KEY, normalized_url, role_named
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_LOOPBACK_NAMES = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
-
-
-def normalized_url(url: str) -> str:
-    """``url`` in one spelling per endpoint: scheme, lower-case host (``localhost`` as
-    127.0.0.1), explicit port, path without its trailing slash."""
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError):
-        return url
-    host = (parsed.host or "").lower()
-    host = _LOOPBACK_NAMES.get(host, host)
-    port = parsed.port or _DEFAULT_PORTS.get(parsed.scheme, 0)
-    return f"{parsed.scheme}://{host}:{port}{parsed.path.rstrip('/')}"
+__all__ = [
+    "agreement_problems",
+    "distinct_url_problems",
+    "identity_problems",
+    "normalized_url",
+    "stored_identity_problems",
+]
 
 
 def _role(label: str) -> tuple[str, str]:
-    """A ``prepare_run`` label (``--floor``, ``pair 'x' floor``) -> (its group, its role)."""
+    """A ``prepare_run`` label (``--floor``, ``pair 'x' floor``) -> (its group, its record key)."""
     group, _, role = label.rpartition(" ")
-    role = role.lstrip("-")
-    return group, "aa" if role == "replica" else role
+    return group, RECORD_KEY[role_named(role)]
 
 
 # (role, role, why): two roles that must not be one target.

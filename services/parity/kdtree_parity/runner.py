@@ -10,6 +10,7 @@ requests are dropped, not sent): the verdict is then ``error``, and ``resume`` f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sqlite3
@@ -29,7 +30,7 @@ from kdtree_parity.client import (
 )
 from kdtree_parity.corpus import Corpus, CorpusEntry, CorpusError, load_corpus, parse_corpus
 from kdtree_parity.gate import Verdict
-from kdtree_parity.policy import LoadedPolicy, PolicyError, load_policy, parse_policy
+from kdtree_parity.policy import LoadedPolicy, Policy, PolicyError, load_policy, parse_policy
 from kdtree_parity.reference_targets import distinct_url_problems, identity_problems
 from kdtree_parity.report import RunEnding, write_report_files
 from kdtree_parity.results import ALL_ROLES, Outcome, PromptResult, Role, build_prompt_result
@@ -41,45 +42,11 @@ from kdtree_parity.store import (
     RunStatus,
     Store,
 )
+from kdtree_parity.targets import RECORD_KEY, TargetRole, Targets
 from kdtree_parity.verdict import judge
 
 log = logging.getLogger("kdtree_parity.runner")
 ProgressCallback = Callable[[int, int, PromptResult | None], None]
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Where the run sends its requests. With no replica the baseline also serves as A/A twin.
-
-    The ``*_image`` labels (an image digest or reference, from whoever started the servers) are
-    recorded with the run so its report is bound to what was compared.
-    """
-
-    baseline: str
-    candidate: str
-    replica: str | None = None
-    baseline_image: str | None = None
-    candidate_image: str | None = None
-    replica_image: str | None = None
-    # The A/A' target (role "floor"): the baseline's model and weights computed an equivalent,
-    # not bit-identical way. Optional; with one, the candidate is judged by its excess over it.
-    floor: str | None = None
-    floor_image: str | None = None
-
-    def as_roles(self) -> dict[str, str]:
-        roles = {
-            "baseline": self.baseline,
-            "candidate": self.candidate,
-            "aa": self.replica or self.baseline,
-        }
-        return roles | ({"floor": self.floor} if self.floor else {})
-
-    def images(self) -> dict[str, str]:
-        aa = self.replica_image if self.replica else self.baseline_image
-        labels = {"baseline": self.baseline_image, "candidate": self.candidate_image, "aa": aa}
-        if self.floor:
-            labels["floor"] = self.floor_image
-        return {role: image for role, image in labels.items() if image}
 
 
 class IdentityChanged(RuntimeError):
@@ -247,8 +214,8 @@ def start_run(
     ``exclusive``: one live run per ``pair`` across every process on the store (PairBusy)."""
     return store.create_run(
         pair=pair,
-        targets=targets.as_roles(),
-        images=targets.images(),
+        targets=targets.record_urls(),
+        images=targets.record_images(),
         prompts_total=len(corpus),
         corpus_source=corpus.source,
         corpus_sha256=corpus.sha256,
@@ -306,140 +273,204 @@ async def execute_run(
     ``tokens``: bearer token by target (baseline, candidate, replica, floor), held by the HTTP
     clients only, never stored. ``notice`` hears what the run is waiting for (default: the log).
     """
-    notice = notice or log.info
     record = await store.call(Store.get_run, run_id)
-    corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
-    loaded = parse_policy(record.policy_text, source=record.policy_source)
-    replay = loaded.policy.replay
-    urls = {role: url for role, (url, _) in record.targets.items()}
-    clients: dict[str, TargetClient] = {}
-    role_client: dict[Role, TargetClient] = {}
-    roles: tuple[Role, ...] = tuple(role for role in ALL_ROLES if role in urls)
-    for role in roles:
-        url = urls[role]
-        if role == "aa" and url == urls["baseline"]:
-            role_client[role] = role_client["baseline"]
-            continue
-        name = "replica" if role == "aa" else role
-        clients[name] = role_client[role] = TargetClient(
-            name, url, replay, bearer_token=(tokens or {}).get(name)
-        )
-    stop = asyncio.Event()
-    breaker = _Breaker(replay.max_consecutive_transport_errors, stop)
     lost: list[LeaseLost] = []
-    heartbeat = asyncio.create_task(_heartbeat(store, run_id, asyncio.current_task(), lost))
-    try:
-        # Every wait ends by the same deadline; collect them all so the reason names every
-        # target that never became healthy and no wait outlives its client.
-        async def ready(client: TargetClient) -> None:
-            await client.wait_healthy(replay.health_deadline_s, notice=notice)
-            await client.check_access()
-
-        waits = await asyncio.gather(*(ready(c) for c in clients.values()), return_exceptions=True)
-        for failure in waits:
-            if isinstance(failure, BaseException) and not isinstance(failure, TargetUnavailable):
-                raise failure
-        unhealthy = [str(w) for w in waits if isinstance(w, TargetUnavailable)]
-        candidate_refused = next(
-            (
-                str(w)
-                for w in waits
-                if isinstance(w, TargetRefused) and w.target is clients["candidate"]
-            ),
-            None,
-        )
-        reference_problems: list[str] = []
-        if unhealthy:
-            breaker.reason = "; ".join(unhealthy)
-        else:
-            identities = await _check_identities(
-                store, run_id, record, role_client, images or {}, accept_identity_change
+    async with contextlib.AsyncExitStack() as stack:
+        run = await _open_run(stack, store, record, tokens, progress)
+        heartbeat = asyncio.create_task(_heartbeat(store, run_id, asyncio.current_task(), lost))
+        stack.callback(heartbeat.cancel)  # LIFO: cancelled before the clients close
+        try:
+            ending = await _replay_and_decide(
+                run, notice or log.info, images or {}, accept_identity_change
             )
-            reference_problems = identity_problems(identities)
-        if not unhealthy and not reference_problems:
-            done_ids = await store.call(Store.completed_prompt_ids, run_id)
-            pending = [(i, e) for i, e in enumerate(corpus.entries) if e.id not in done_ids]
-            counter = {"done": len(done_ids)}
-            if progress:
-                progress(counter["done"], len(corpus), None)
-
-            async def one_prompt(ordinal: int, entry: CorpusEntry) -> None:
-                path, body = build_request(entry, replay)
-
-                async def ask(role: Role) -> Outcome | None:
-                    client = role_client[role]
-                    async with client.slot:
-                        if stop.is_set():
-                            return None
-                        outcome = await client.generate(body, path)
-                    breaker.record(client, outcome)
-                    return outcome
-
-                answers = await asyncio.gather(*(ask(role) for role in roles))
-                if any(a is None for a in answers):
-                    return  # the run was stopped; this prompt stays pending for resume
-                outcomes: dict[Role, Outcome] = dict(zip(roles, answers, strict=True))
-                result = build_prompt_result(
-                    entry, outcomes, loaded.policy.compare.near_tie_epsilon
-                )
-                await store.call(Store.save_result, run_id, ordinal, result)
-                counter["done"] += 1
-                if progress:
-                    progress(counter["done"], len(corpus), result)
-
-            await asyncio.gather(*(one_prompt(i, e) for i, e in pending))
-        verdict = judge(
-            await store.call(Store.results, run_id),
-            len(corpus),
-            loaded.policy.gate,
-            aborted_because=breaker.reason,
-            candidate_refused=candidate_refused,
-            reference_problems=reference_problems,
-        ).verdict
-        status = VERDICT_TO_STATUS[verdict.status]
-        ending = RunEnding(status, verdict_to_json(verdict), breaker.reason)
-        # Still ours? (LeaseLost) -- never report over a new owner's run.
-        await store.call(Store.heartbeat, run_id)
-        if write_reports and record.out_dir:
-            try:
-                await store.call(
-                    write_report_files,
-                    run_id,
-                    Path(record.out_dir),
-                    ending=ending,
-                    resolution=resolution,
-                )
-            except OSError as exc:
-                ending = RunEnding(
-                    "error", None, f"the reports could not be written to {record.out_dir}: {exc}"
-                )
-        await store.call(
-            Store.finish_run, run_id, ending.status, verdict=ending.verdict, error=ending.error
-        )
-        outcome = RunOutcome(run_id, ending.status, verdict, ending.error)
-    except LeaseLost:
-        _log_lost(run_id)
-        raise
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        if lost:  # the heartbeat found the run taken over: it is not ours to end or report
+            outcome = await _finish(run, ending, write_reports, resolution)
+        except LeaseLost:
             _log_lost(run_id)
-            raise lost[0] from None
-        reason = "interrupted (signal or cancellation)"
-        await _end_on_failure(store, run_id, "interrupted", reason, record.out_dir, write_reports)
-        raise
-    except IdentityChanged as exc:
-        reason = f"resume refused: {exc}"
-        await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
-        raise
-    except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
-        raise
-    finally:
-        heartbeat.cancel()
-        for client in clients.values():
-            await client.__aexit__(None, None, None)
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if lost:  # the heartbeat found the run taken over: it is not ours to end or report
+                _log_lost(run_id)
+                raise lost[0] from None
+            reason = "interrupted (signal or cancellation)"
+            await _end_on_failure(
+                store, run_id, "interrupted", reason, record.out_dir, write_reports
+            )
+            raise
+        except IdentityChanged as exc:
+            reason = f"resume refused: {exc}"
+            await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            await _end_on_failure(store, run_id, "error", reason, record.out_dir, write_reports)
+            raise
     return outcome
+
+
+@dataclass
+class _Run:
+    """One execution of a recorded run: what it replays, against which clients, how it stops."""
+
+    store: AsyncStore
+    record: RunRecord
+    corpus: Corpus
+    policy: Policy
+    # One client per server, by role name; and the client serving each record key (the A/A
+    # twin "aa" is the baseline's client when the run has no replica).
+    clients: dict[TargetRole, TargetClient]
+    role_client: dict[Role, TargetClient]
+    breaker: _Breaker
+    stop: asyncio.Event
+    progress: ProgressCallback | None
+
+    @property
+    def run_id(self) -> str:
+        return self.record.id
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How a replay ended before its reports: the verdict and why the run stopped early."""
+
+    verdict: Verdict
+    aborted_because: str | None
+
+
+async def _open_run(
+    stack: contextlib.AsyncExitStack,
+    store: AsyncStore,
+    record: RunRecord,
+    tokens: Mapping[str, str] | None,
+    progress: ProgressCallback | None,
+) -> _Run:
+    """The recorded run's corpus, policy and one open client per server (closed by ``stack``)."""
+    corpus = parse_corpus(record.corpus_jsonl, source=record.corpus_source)
+    policy = parse_policy(record.policy_text, source=record.policy_source).policy
+    targets = record.as_targets().with_tokens(tokens)
+    clients: dict[TargetRole, TargetClient] = {}
+    for target in targets:
+        client = TargetClient(target.role, target.url, policy.replay, bearer_token=target.token)
+        clients[target.role] = await stack.enter_async_context(client)
+    by_key = {RECORD_KEY[role]: client for role, client in clients.items()}
+    by_key.setdefault("aa", clients["baseline"])
+    role_client = {key: by_key[key] for key in ALL_ROLES if key in record.targets}
+    stop = asyncio.Event()
+    breaker = _Breaker(policy.replay.max_consecutive_transport_errors, stop)
+    return _Run(store, record, corpus, policy, clients, role_client, breaker, stop, progress)
+
+
+async def _replay_and_decide(
+    run: _Run, notice: Notice, images: dict[str, str], accept_identity_change: bool
+) -> _Ending:
+    """Wait for the targets, check who they are, replay what is pending, judge the results."""
+    unhealthy, candidate_refused = await _wait_ready(run, notice)
+    reference_problems: list[str] = []
+    if unhealthy:
+        run.breaker.reason = "; ".join(unhealthy)
+    else:
+        identities = await _check_identities(
+            run.store, run.run_id, run.record, run.role_client, images, accept_identity_change
+        )
+        reference_problems = identity_problems(identities)
+    if not unhealthy and not reference_problems:
+        await _replay_pending(run)
+    verdict = judge(
+        await run.store.call(Store.results, run.run_id),
+        len(run.corpus),
+        run.policy.gate,
+        aborted_because=run.breaker.reason,
+        candidate_refused=candidate_refused,
+        reference_problems=reference_problems,
+    ).verdict
+    return _Ending(verdict, run.breaker.reason)
+
+
+async def _wait_ready(run: _Run, notice: Notice) -> tuple[list[str], str | None]:
+    """Every client healthy and accepting its token, by the same deadline: (why each target that
+    never became healthy did not, why the candidate refused access or None). Every wait is
+    collected, so the reason names every unhealthy target and no wait outlives its client."""
+    deadline = run.policy.replay.health_deadline_s
+
+    async def ready(client: TargetClient) -> None:
+        await client.wait_healthy(deadline, notice=notice)
+        await client.check_access()
+
+    clients = list(run.clients.values())
+    waits = await asyncio.gather(*(ready(c) for c in clients), return_exceptions=True)
+    for failure in waits:
+        if isinstance(failure, BaseException) and not isinstance(failure, TargetUnavailable):
+            raise failure
+    unhealthy = [str(w) for w in waits if isinstance(w, TargetUnavailable)]
+    candidate = run.clients["candidate"]
+    candidate_refused = next(
+        (str(w) for w in waits if isinstance(w, TargetRefused) and w.target is candidate), None
+    )
+    return unhealthy, candidate_refused
+
+
+async def _replay_pending(run: _Run) -> None:
+    """Replay every prompt without a stored result, all at once (each client's slots bound how
+    many are in flight); each result is stored as soon as all its answers are in."""
+    done_ids = await run.store.call(Store.completed_prompt_ids, run.run_id)
+    pending = [(i, e) for i, e in enumerate(run.corpus.entries) if e.id not in done_ids]
+    counter = {"done": len(done_ids)}
+    if run.progress:
+        run.progress(counter["done"], len(run.corpus), None)
+
+    async def one(ordinal: int, entry: CorpusEntry) -> None:
+        result = await _replay_prompt(run, entry)
+        if result is None:
+            return  # the run was stopped; this prompt stays pending for resume
+        await run.store.call(Store.save_result, run.run_id, ordinal, result)
+        counter["done"] += 1
+        if run.progress:
+            run.progress(counter["done"], len(run.corpus), result)
+
+    await asyncio.gather(*(one(i, e) for i, e in pending))
+
+
+async def _replay_prompt(run: _Run, entry: CorpusEntry) -> PromptResult | None:
+    """One prompt's answers from every role, compared; None when the run stopped meanwhile."""
+    path, body = build_request(entry, run.policy.replay)
+
+    async def ask(client: TargetClient) -> Outcome | None:
+        async with client.slot:
+            if run.stop.is_set():
+                return None
+            outcome = await client.generate(body, path)
+        run.breaker.record(client, outcome)
+        return outcome
+
+    roles = tuple(run.role_client)
+    answers = await asyncio.gather(*(ask(run.role_client[role]) for role in roles))
+    if any(a is None for a in answers):
+        return None
+    outcomes: dict[Role, Outcome] = dict(zip(roles, answers, strict=True))  # type: ignore[arg-type]
+    return build_prompt_result(entry, outcomes, run.policy.compare.near_tie_epsilon)
+
+
+async def _finish(run: _Run, ending: _Ending, write_reports: bool, resolution: Any) -> RunOutcome:
+    """Write the reports (when asked and the run has an out dir), then store the final status:
+    a run whose reports could not be written ends ``error``."""
+    verdict, run_id, out_dir = ending.verdict, run.run_id, run.record.out_dir
+    final = RunEnding(
+        VERDICT_TO_STATUS[verdict.status], verdict_to_json(verdict), ending.aborted_because
+    )
+    # Still ours? (LeaseLost) -- never report over a new owner's run.
+    await run.store.call(Store.heartbeat, run_id)
+    if write_reports and out_dir:
+        try:
+            await run.store.call(
+                write_report_files, run_id, Path(out_dir), ending=final, resolution=resolution
+            )
+        except OSError as exc:
+            final = RunEnding(
+                "error", None, f"the reports could not be written to {out_dir}: {exc}"
+            )
+    await run.store.call(
+        Store.finish_run, run_id, final.status, verdict=final.verdict, error=final.error
+    )
+    return RunOutcome(run_id, final.status, verdict, final.error)
 
 
 async def _check_identities(

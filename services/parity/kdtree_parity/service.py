@@ -47,14 +47,7 @@ from kdtree_parity.logs import PROGRESS_EVERY_S, event
 from kdtree_parity.policy import PolicyError, load_policy
 from kdtree_parity.report import build_report, render_html
 from kdtree_parity.results import PromptResult
-from kdtree_parity.runner import (
-    PreparedRun,
-    RunRefused,
-    Targets,
-    execute_run,
-    prepare_run,
-    start_run,
-)
+from kdtree_parity.runner import PreparedRun, RunRefused, execute_run, prepare_run, start_run
 from kdtree_parity.settings import ParitySettings, SettingsError, load_settings, target_tokens
 from kdtree_parity.store import (
     FINAL_STATUSES,
@@ -64,6 +57,7 @@ from kdtree_parity.store import (
     RunRecord,
     Store,
 )
+from kdtree_parity.targets import TARGET_ROLES, Targets
 from kdtree_parity.yaml_load import YAMLError, load_yaml
 
 log = logging.getLogger("kdtree_parity.service")
@@ -118,8 +112,8 @@ class ConfigurationError(ValueError):
     """The service's configuration cannot serve a single run: it refuses to start."""
 
 
-class PairTargets(BaseModel):
-    """One entry of the pairs file (``floor``: the A/A' target; ``*_image``: labels)."""
+class _PairEntry(BaseModel):
+    """One entry of the pairs file as written (``floor``: the A/A' target; ``*_image``: labels)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,10 +127,13 @@ class PairTargets(BaseModel):
     floor_image: str | None = None
 
     def targets(self) -> Targets:
-        return Targets(**self.model_dump())
+        images = {role: getattr(self, f"{role}_image") for role in TARGET_ROLES}
+        return Targets.from_urls(
+            self.baseline, self.candidate, self.replica, self.floor, images=images
+        )
 
 
-_PAIRS_FILE = TypeAdapter(Annotated[dict[str, PairTargets], Field(min_length=1)])
+_PAIRS_FILE = TypeAdapter(Annotated[dict[str, _PairEntry], Field(min_length=1)])
 
 
 def load_pairs(path: Path) -> dict[str, Targets]:
@@ -190,18 +187,7 @@ class ServiceSettings:
         if settings.pairs:
             pairs = load_pairs(Path(settings.pairs))
         else:
-            pairs = {
-                "default": Targets(
-                    settings.baseline_url,
-                    settings.candidate_url,
-                    settings.replica_url or None,
-                    settings.baseline_image or None,
-                    settings.candidate_image or None,
-                    settings.replica_image or None,
-                    settings.floor_url or None,
-                    settings.floor_image or None,
-                )
-            }
+            pairs = {"default": Targets.from_settings(settings)}
         try:
             tokens = target_tokens(settings)
         except SettingsError as exc:
@@ -221,9 +207,9 @@ class ServiceSettings:
         """The configured corpus and policy as they are now; ConfigurationError naming every
         problem a POST /runs would otherwise hit."""
         urls = {
-            f"pair {name!r} {role}": url
+            label: url
             for name, targets in self.pairs.items()
-            for role, url in targets.as_roles().items()
+            for label, url in targets.labelled_urls(f"pair {name!r} ").items()
         }
         try:
             return prepare_run(self.corpus, self.policy, urls)
@@ -334,7 +320,7 @@ def _run_json(record: RunRecord, live: _Live) -> dict[str, Any]:
         },
         "verdict": record.verdict,
         "error": record.error,
-        "targets": {role: url for role, (url, _) in record.targets.items()},
+        "targets": record.target_urls(),
         "corpus": {"source": record.corpus_source, "sha256": record.corpus_sha256},
         "policy": {"source": record.policy_source, "sha256": record.policy_sha256},
         "links": {
@@ -462,62 +448,72 @@ def _prepare(state: ServiceState, corpus_spec: str, targets: Targets) -> Prepare
     corpus = _unchanged(corpus_spec, load_corpus, CorpusError, started.corpus, "corpus")
     policy = _unchanged(state.settings.policy, load_policy, PolicyError, started.policy, "policy")
     try:
-        return prepare_run(corpus, policy, targets.as_roles())
+        return prepare_run(corpus, policy, targets.labelled_urls())
     except RunRefused as exc:
         raise HTTPException(400, str(exc)) from None
 
 
-def _launch(state: ServiceState, record: RunRecord) -> None:
-    """Execute the recorded run as a task of this process, counted in /metrics and logged as
-    events (``logs``: run_started, run_progress, run_finished)."""
-    live, metrics, run_id = state.live, state.metrics, record.id
-    live.done[run_id] = 0
-    metrics.running.inc()
-    started = time.monotonic()
-    event(
-        "run_started",
-        run_id=run_id,
-        pair=record.pair,
-        prompts=record.prompts_total,
-        corpus=record.corpus_source,
-        corpus_sha256=record.corpus_sha256,
-        policy=record.policy_source,
-        targets={role: url for role, (url, _) in record.targets.items()},
-    )
-    classes: collections.Counter[str] = collections.Counter()
-    request_errors = 0
-    last_logged = started
+class _RunEvents:
+    """What one run of this process tells /metrics and the log (``logs``: run_started,
+    run_progress at most every PROGRESS_EVERY_S, run_finished)."""
 
-    def progress(done: int, total: int, result: PromptResult | None) -> None:
-        nonlocal request_errors, last_logged
-        live.done[run_id] = done
+    def __init__(self, state: ServiceState, record: RunRecord) -> None:
+        self.state, self.run_id = state, record.id
+        self.started = self.last_logged = time.monotonic()
+        self.classes: collections.Counter[str] = collections.Counter()
+        self.request_errors = 0
+        state.live.done[record.id] = 0
+        state.metrics.running.inc()
+        event(
+            "run_started",
+            run_id=record.id,
+            pair=record.pair,
+            prompts=record.prompts_total,
+            corpus=record.corpus_source,
+            corpus_sha256=record.corpus_sha256,
+            policy=record.policy_source,
+            targets=record.target_urls(),
+        )
+
+    def progress(self, done: int, total: int, result: PromptResult | None) -> None:
+        self.state.live.done[self.run_id] = done
         if result is not None:
-            metrics.record(result)
-            classes[prompt_class(result)] += 1
-            request_errors += sum(o.error is not None for o in result.outcomes.values())
+            self.state.metrics.record(result)
+            self.classes[prompt_class(result)] += 1
+            self.request_errors += sum(o.error is not None for o in result.outcomes.values())
         now = time.monotonic()
-        if done == total or now - last_logged >= PROGRESS_EVERY_S:
-            last_logged = now
+        if done == total or now - self.last_logged >= PROGRESS_EVERY_S:
+            self.last_logged = now
             event(
                 "run_progress",
-                run_id=run_id,
+                run_id=self.run_id,
                 done=done,
                 total=total,
-                classes=dict(classes),
-                request_errors=request_errors,
+                classes=dict(self.classes),
+                request_errors=self.request_errors,
             )
 
-    async def finished(status: str) -> None:
+    async def finished(self, status: str) -> None:
+        """Count the run's end and log it (its verdict, error and report, when it has them)."""
+        self.state.metrics.running.dec()
+        self.state.metrics.runs.labels(status).inc()
+        self.state.live.tasks.pop(self.run_id, None)
+        try:
+            await self._log_end(status)
+        except Exception:  # the run's end is stored either way; only its log line is lost
+            log.exception("run %s: could not log its end", self.run_id)
+
+    async def _log_end(self, status: str) -> None:
         verdict, error, report = None, None, None
         if status != "interrupted":  # else the store may be closing with the service
-            final = await state.run_store.call(Store.get_run, run_id)
+            final = await self.state.run_store.call(Store.get_run, self.run_id)
             verdict, error = final.verdict, final.error
             if final.out_dir:
-                path = Path(final.out_dir) / run_id / "report.json"
+                path = Path(final.out_dir) / self.run_id / "report.json"
                 report = str(path) if path.is_file() else None
         event(
             "run_finished",
-            run_id=run_id,
+            run_id=self.run_id,
             status=status,
             verdict=verdict["status"] if verdict else None,
             reasons=[
@@ -527,33 +523,34 @@ def _launch(state: ServiceState, record: RunRecord) -> None:
             ],
             error=error,
             report=report,
-            duration_s=round(time.monotonic() - started, 3),
+            duration_s=round(time.monotonic() - self.started, 3),
         )
 
-    async def run() -> None:
-        status = "error"
-        try:
-            outcome = await execute_run(
-                state.run_store, run_id, progress=progress, tokens=state.settings.tokens
-            )
-            status = outcome.status
-        except asyncio.CancelledError:
-            status = "interrupted"
-            raise
-        except LeaseLost:
-            status = "interrupted"  # taken over by another process; logged by the runner
-        except Exception:
-            log.exception("run %s crashed", run_id)
-        finally:
-            metrics.running.dec()
-            metrics.runs.labels(status).inc()
-            live.tasks.pop(run_id, None)
-            try:
-                await finished(status)
-            except Exception:  # the run's end is stored either way; only its log line is lost
-                log.exception("run %s: could not log its end", run_id)
 
-    live.tasks[run_id] = asyncio.create_task(run(), name=f"parity-run-{run_id}")
+def _launch(state: ServiceState, record: RunRecord) -> None:
+    """Execute the recorded run as a task of this process, counted in /metrics and logged as
+    events (``_RunEvents``)."""
+    events = _RunEvents(state, record)
+    task = asyncio.create_task(_execute(state, record.id, events), name=f"parity-run-{record.id}")
+    state.live.tasks[record.id] = task
+
+
+async def _execute(state: ServiceState, run_id: str, events: _RunEvents) -> None:
+    status = "error"
+    try:
+        outcome = await execute_run(
+            state.run_store, run_id, progress=events.progress, tokens=state.settings.tokens
+        )
+        status = outcome.status
+    except asyncio.CancelledError:
+        status = "interrupted"
+        raise
+    except LeaseLost:
+        status = "interrupted"  # taken over by another process; logged by the runner
+    except Exception:
+        log.exception("run %s crashed", run_id)
+    finally:
+        await events.finished(status)
 
 
 @router.get("/runs")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from kdtree_parity.results import PromptResult
+from kdtree_parity.targets import Targets
 
 RunStatus = Literal["running", "passed", "failed", "error", "interrupted"]
 FINAL_STATUSES = ("passed", "failed", "error", "interrupted")
@@ -168,9 +169,19 @@ class RunRecord:
     out_dir: str | None
     verdict: dict[str, Any] | None
     error: str | None
+    # By record key (``targets.RECORD_KEY``: the A/A twin is "aa", the baseline's URL when the
+    # run has no replica): (url, identity).
     targets: dict[str, tuple[str, dict[str, Any] | None]]
     # Identity changes a resume accepted by explicit override: role, at, differences, before.
     identity_changes: tuple[dict[str, Any], ...] = ()
+
+    def target_urls(self) -> dict[str, str]:
+        """URL by record key, as the service's JSON and log events show them."""
+        return {key: url for key, (url, _) in self.targets.items()}
+
+    def as_targets(self) -> Targets:
+        """The run's targets by role, with the image labels recorded for them."""
+        return Targets.from_record(self.targets)
 
 
 def new_run_id() -> str:

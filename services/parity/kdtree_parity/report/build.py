@@ -10,7 +10,7 @@ from typing import Any
 
 from kdtree_parity.buckets import bucket_of, prompt_tokens
 from kdtree_parity.compare import PairComparison
-from kdtree_parity.gate import decode_rate, summarize
+from kdtree_parity.gate import Summary, decode_rate, summarize
 from kdtree_parity.policy import Policy, PolicyError, parse_policy
 from kdtree_parity.report.context import context_model
 from kdtree_parity.report.schema import (
@@ -33,8 +33,8 @@ from kdtree_parity.report.schema import (
     VerdictModel,
 )
 from kdtree_parity.results import ALL_ROLES, PromptResult
-from kdtree_parity.store import Store
-from kdtree_parity.verdict import judge
+from kdtree_parity.store import RunRecord, Store
+from kdtree_parity.verdict import Judgement, judge
 
 PROMPT_CHARS = 4000
 
@@ -127,23 +127,8 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
 
     With ``ending``, the report of the run as it is about to be finished with that status.
     """
-    record = store.get_run(run_id)
-    end = record.finished_at
-    if ending is not None:
-        end = time.time()
-        record = replace(
-            record,
-            status=ending.status,
-            verdict=ending.verdict,
-            error=ending.error,
-            finished_at=end,
-        )
-    settings: Policy | None = None
-    refused = None
-    try:
-        settings = parse_policy(record.policy_text, source=record.policy_source).policy
-    except PolicyError as exc:  # stored before a rule that refuses it today existed
-        refused = str(exc)
+    record, end = _record_as_of(store, run_id, ending)
+    settings, refused = _stored_policy(record)
     results = store.results(run_id)
     summary = summarize(results, record.prompts_total)
     judgement = None
@@ -153,20 +138,6 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
         why = (record.error or "").strip().splitlines()[:1] or [_no_end(record.status)]
         unfinished = None if record.verdict is not None else f"{record.status}: {why[0]}"
         judgement = judge(results, record.prompts_total, settings.gate, aborted_because=unfinished)
-    if record.verdict is not None:
-        verdict = VerdictModel.model_validate(record.verdict)
-    elif settings is None:
-        verdict = VerdictModel(
-            status="error",
-            reasons=[ReasonModel(rule="policy", outcome="undecided", message=str(refused))],
-        )
-    else:
-        assert judgement is not None  # settings is not None here
-        v = judgement.verdict
-        verdict = VerdictModel(
-            status=v.status,
-            reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
-        )
     return Report(
         generated_at=_iso(time.time()),
         run=RunModel(
@@ -178,7 +149,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             duration_s=None if end is None else round(end - record.created_at, 3),
             error=record.error,
         ),
-        verdict=verdict,
+        verdict=_verdict_model(record, refused, judgement),
         targets=[
             TargetModel(role=role, url=url, identity=identity)
             for role, (url, identity) in sorted(
@@ -195,38 +166,7 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             settings=settings,
             refused=refused,
         ),
-        summary=SummaryModel(
-            prompts_total=summary.prompts_total,
-            prompts_done=summary.prompts_done,
-            prompts_compared=summary.prompts_compared,
-            errors=summary.errors,
-            candidate=PairSummaryModel.model_validate(summary.candidate, from_attributes=True),
-            aa=PairSummaryModel.model_validate(summary.aa, from_attributes=True),
-            excess=ExcessModel(
-                divergence_rate=summary.excess_divergence_rate,
-                hard=summary.excess_hard,
-                drift_p99=summary.excess_drift_p99,
-                finish_mismatch=summary.excess_finish_mismatch,
-            ),
-            undecidable_prompts=[
-                UndecidablePromptModel(id=pid, why=why) for pid, why in summary.undecidable
-            ],
-            floor=None
-            if summary.floor is None
-            else PairSummaryModel.model_validate(summary.floor, from_attributes=True),
-            speed=[
-                RoleSpeedModel(
-                    role=role,
-                    requests=len(rates),
-                    median_decode_tps=summary.speed.median_decode(role),
-                    median_ttft_s=summary.speed.median_ttft(role),
-                    median_reported_decode_tps=summary.speed.median_reported(role),
-                )
-                for role, rates in sorted(
-                    summary.speed.decode_tps.items(), key=lambda kv: ALL_ROLES.index(kv[0])
-                )
-            ],
-        ),
+        summary=_summary_model(summary),
         prompts=[_prompt(r) for r in results],
         identity_changes=[
             IdentityChangeModel(
@@ -234,7 +174,85 @@ def build_report(store: Store, run_id: str, ending: RunEnding | None = None) -> 
             )
             for c in record.identity_changes
         ],
-        context=None if judgement is None else context_model(judgement, settings.gate),
+        context=None
+        if judgement is None or settings is None
+        else context_model(judgement, settings.gate),
+    )
+
+
+def _record_as_of(
+    store: Store, run_id: str, ending: RunEnding | None
+) -> tuple[RunRecord, float | None]:
+    """The stored run and when it ended; with ``ending``, as it is about to end now with it."""
+    record = store.get_run(run_id)
+    if ending is None:
+        return record, record.finished_at
+    end = time.time()
+    record = replace(
+        record, status=ending.status, verdict=ending.verdict, error=ending.error, finished_at=end
+    )
+    return record, end
+
+
+def _stored_policy(record: RunRecord) -> tuple[Policy | None, str | None]:
+    """The run's stored policy, or why it is refused today (it was stored before a rule that
+    refuses it existed)."""
+    try:
+        return parse_policy(record.policy_text, source=record.policy_source).policy, None
+    except PolicyError as exc:
+        return None, str(exc)
+
+
+def _verdict_model(
+    record: RunRecord, refused: str | None, judgement: Judgement | None
+) -> VerdictModel:
+    """The stored verdict; else the stored policy's refusal, or the verdict judged now."""
+    if record.verdict is not None:
+        return VerdictModel.model_validate(record.verdict)
+    if judgement is None:
+        return VerdictModel(
+            status="error",
+            reasons=[ReasonModel(rule="policy", outcome="undecided", message=str(refused))],
+        )
+    v = judgement.verdict
+    return VerdictModel(
+        status=v.status,
+        reasons=[ReasonModel.model_validate(r, from_attributes=True) for r in v.reasons],
+    )
+
+
+def _summary_model(summary: Summary) -> SummaryModel:
+    return SummaryModel(
+        prompts_total=summary.prompts_total,
+        prompts_done=summary.prompts_done,
+        prompts_compared=summary.prompts_compared,
+        errors=summary.errors,
+        candidate=PairSummaryModel.model_validate(summary.candidate, from_attributes=True),
+        aa=PairSummaryModel.model_validate(summary.aa, from_attributes=True),
+        excess=ExcessModel(
+            divergence_rate=summary.excess_divergence_rate,
+            hard=summary.excess_hard,
+            drift_p99=summary.excess_drift_p99,
+            finish_mismatch=summary.excess_finish_mismatch,
+        ),
+        undecidable_prompts=[
+            UndecidablePromptModel(id=pid, why=why) for pid, why in summary.undecidable
+        ],
+        floor=None
+        if summary.floor is None
+        else PairSummaryModel.model_validate(summary.floor, from_attributes=True),
+        speed=[
+            RoleSpeedModel(
+                role=role,
+                requests=len(rates),
+                median_decode_tps=summary.speed.median_decode(role),
+                median_ttft_s=summary.speed.median_ttft(role),
+                median_reported_decode_tps=summary.speed.median_reported(role),
+            )
+            for role, rates in sorted(
+                summary.speed.decode_tps.items(), key=lambda kv: ALL_ROLES.index(kv[0])
+            )
+        ],
     )
 
 
