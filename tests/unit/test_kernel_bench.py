@@ -1,18 +1,15 @@
-"""bench/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
+"""bench/kdtree_bench/kernel/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
 one complete grid, and the efficiency against the mma.sync ceiling."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import kernel_bench
+from kdtree_bench.kernel import kernel_bench
 
 
 def _record(shape: tuple[int, int, int, int]) -> dict:

@@ -1,4 +1,4 @@
-"""bench/merge_e2e.py: a run's speed.json rows replace the committed rows that measured the same
+"""bench/kdtree_bench/analysis/merge_e2e.py: a run's speed.json rows replace the committed rows that measured the same
 configuration and shape, every other row keeps its run and log, and bad input is refused."""
 
 from __future__ import annotations
@@ -6,17 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import merge_e2e
-import sglang_e2e
-from sglang_servers import ServerSpec
+from kdtree_bench.analysis import merge_e2e
+from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.e2e.sglang_servers import ServerSpec
 
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "sglang_e2e_h200.json"
 

@@ -1,4 +1,4 @@
-"""bench/sglang_e2e.py and bench/sglang_servers.py without a GPU: the command lines a user would
+"""bench/kdtree_bench/e2e/sglang_e2e.py and bench/kdtree_bench/e2e/sglang_servers.py without a GPU: the command lines a user would
 type for each configuration, the metrics parsing, the refusals of bad arguments, and how failed
 server starts are retried."""
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import sglang_e2e
-from sglang_servers import TP_ENV, ServerSpec
+from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.e2e.sglang_servers import TP_ENV, ServerSpec
 
 
 def test_flags_are_sglang_s_for_tree_chain_graphs_and_tp() -> None:
@@ -381,7 +379,7 @@ def timeline_of(tmp_path: Path) -> list[str]:
 def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkeypatch) -> None:
     """Stand-in servers whose first start fails: both retries wait for the wave, and the second
     starts once the first is ready."""
-    from sglang_servers import start_all, stop_all
+    from kdtree_bench.e2e.sglang_servers import start_all, stop_all
 
     specs = stand_in_specs(tmp_path, monkeypatch, RETRY_START)
     servers, failed = start_all(specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0)
@@ -411,7 +409,7 @@ def test_each_start_waits_for_the_memory_pools_of_the_one_before(
     """Stand-in servers that log SGLang's line after their pools (a graph capture, or eager's
     scheduler summary) and answer 5 s later: the next start waits for the line, not for the
     server to answer. A log that never shows it holds the next start only ``pools_wait_s``."""
-    from sglang_servers import start_all, stop_all
+    from kdtree_bench.e2e.sglang_servers import start_all, stop_all
 
     specs = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools_line)
     wait_s = 30.0 if pools_line else 1.0

@@ -139,7 +139,7 @@ def build_parser(settings: ParitySettings | None = None) -> argparse.ArgumentPar
     run.add_argument(
         "--resolution",
         default=None,
-        help="resolution table (bench/parity_resolution.py's resolution.json) to "
+        help="resolution table (bench/kdtree_bench/e2e/parity_resolution.py's resolution.json) to "
         "print in the HTML and Markdown reports",
     )
     _add_db(run, settings)
