@@ -41,6 +41,8 @@
 # SPEED_PRESET is the make_model.py preset (default rank), SPEED_LAYERS its target layer count
 # (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash or
 # ddtree writes a DFlash draft (ddtree: add --budget N to SPEED_ARGS, default 16);
+# SPEED_DRAFT_ATTENTION (dflash, ddtree) sets the draft model's attention backend (SGLang's
+# --speculative-draft-attention-backend, e.g. fa3 or flashinfer); records name it (draft_attention);
 # SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
@@ -135,6 +137,8 @@ run_phase() {
           python3 -m kdtree_bench.models.make_dflash_draft --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
           spec_args=(--spec "$SPEED_SPEC" --draft "/tmp/models/$preset-dflash") ;;
       esac
+      # The draft model's attention backend (sglang_e2e.py refuses it without a draft model).
+      [ -z "${SPEED_DRAFT_ATTENTION:-}" ] || spec_args+=(--draft-attention-backend "$SPEED_DRAFT_ATTENTION")
       # The GPU's clocks, power and throttle reasons every 200 ms, beside each repetition's
       # started_at in speed.json: a step that varies while its kernels do not shows up here.
       mkdir -p "$OUT/speed"

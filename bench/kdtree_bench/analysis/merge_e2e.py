@@ -8,7 +8,7 @@ brings back). A new run's rows replace the rows that measured the same thing; ev
 stays as it was, with its own run and log, and so do the record's other keys.
 
 The same thing is the same ``ROW_KEY``: model preset, speculative family and draft shape
-(DFlash's draft window too, where one was set), KV dtype, configuration (off, on, ...), batch,
+(DFlash's draft window and the draft model's attention backend too, where one was set), KV dtype, configuration (off, on, ...), batch,
 prompt length, new tokens, decode-graph batch sizes, tensor parallelism, and any further SGLang
 arguments the run gave every server (``--server-arg``, e.g. another draft attention backend).
 Rows written before those fields existed were EAGLE tree runs with a bf16 KV cache at TP 1, and
@@ -51,6 +51,7 @@ ROW_KEY = (
     "spec",
     "speculation",
     "draft_window",
+    "draft_attention",
     "budget",
     "kv_dtype",
     "configuration",
@@ -142,6 +143,8 @@ def committed_row(record: dict[str, Any], run: str, log_archive: str = LOG_ARCHI
         row["draft"] = server.get("draft")
         if server.get("draft_window") is not None:
             row["draft_window"] = server["draft_window"]
+    if server.get("draft_attention") is not None:
+        row["draft_attention"] = server["draft_attention"]
     if server.get("extra_args"):
         row["extra_args"] = server["extra_args"]
     return row

@@ -39,7 +39,9 @@ GPU time per verify step per kernel, side by side, to ``OUT/profile/profile.md``
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python -m kdtree_bench.e2e.sglang_e2e --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
                                [--shapes 1x1024,1x131072,8x32768,...]
-        [--repeats 3] [--spec eagle|dflash|ddtree --draft DIR [--draft-window N] [--budget N]] [--kv-dtype bf16|fp8]
+        [--repeats 3] [--spec eagle|dflash|ddtree --draft DIR [--draft-window N] [--budget N]
+                                              [--draft-attention-backend BACKEND]]
+        [--kv-dtype bf16|fp8]
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from kdtree_bench.e2e.sglang_servers import (
     DDTREE_BUDGET,
     DFLASH,
     DFLASH_BLOCK_SIZE,
+    DRAFT_ATTENTION_BACKENDS,
     GRAPH_MAX_BS,
     ServerSpec,
     SGLangServer,
@@ -294,6 +297,7 @@ def speed_specs(
     block_size: int = DFLASH_BLOCK_SIZE,
     draft_window: int | None = None,
     budget: int = DDTREE_BUDGET,
+    draft_attention: str | None = None,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
@@ -307,6 +311,7 @@ def speed_specs(
             block_size=block_size,
             draft_window=draft_window,
             budget=budget,
+            draft_attention=draft_attention,
             kv_dtype=kv_dtype,
             cuda_graphs=cuda_graphs,
             mem_fraction=mem_fraction,
@@ -351,6 +356,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
         block_size=args.block_size,
         draft_window=args.draft_window,
         budget=args.budget,
+        draft_attention=args.draft_attention_backend,
         kv_dtype=kv_dtype,
         cuda_graphs=not args.no_cuda_graphs,
     )
@@ -589,6 +595,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(SGLang's --speculative-draft-window-size); default: the whole context",
     )
     parser.add_argument(
+        "--draft-attention-backend",
+        choices=DRAFT_ATTENTION_BACKENDS,
+        default=None,
+        help="DFlash, DDTree: the draft model's attention backend "
+        "(SGLang's --speculative-draft-attention-backend); default: SGLang's choice",
+    )
+    parser.add_argument(
         "--kv-dtype", choices=sorted(KV_DTYPE_NAMES), default="bf16", help="KV cache dtype"
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
@@ -679,6 +692,11 @@ def refusal(args: argparse.Namespace) -> str | None:
         return "--draft is a DFlash draft: use it with --spec dflash or ddtree"
     elif args.draft_window is not None:
         return "--draft-window is DFlash's: use it with --spec dflash"
+    if args.draft_attention_backend is not None and args.spec not in ("dflash", "ddtree"):
+        return (
+            "--draft-attention-backend is a draft model's: use it with --spec dflash or ddtree "
+            f"(--spec {args.spec} has no draft model)"
+        )
     if args.host_samples and shutil.which("py-spy") is None:
         return "--host-samples needs py-spy on PATH (docs/development.md)"
     if args.profile_shape is not None and args.profile_shape not in measured_shapes(args):

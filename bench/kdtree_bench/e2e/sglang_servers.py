@@ -74,6 +74,17 @@ SPEC_FAMILY = {"tree": "eagle", "chain": "eagle", DFLASH: "dflash", DDTREE: "ddt
 """Speculation -> the algorithm family a record names (``spec``)."""
 DRAFT_MODEL_SPECULATIONS = (DFLASH, DDTREE)
 """Speculations that run a separate DFlash draft model."""
+DRAFT_ATTENTION_BACKENDS = (
+    "flashinfer",
+    "fa3",
+    "fa4",
+    "triton",
+    "ascend",
+    "trtllm_mha",
+    "intel_xpu",
+)
+"""SGLang 0.5.23's choices for ``--speculative-draft-attention-backend`` (the draft model's
+attention; unset, SGLang picks it)."""
 DDTREE_BUDGET = 16
 KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
 """KV cache dtype -> SGLang's flags (bfloat16 is the model's dtype, SGLang's default)."""
@@ -96,6 +107,7 @@ class ServerSpec:
     block_size: int = DFLASH_BLOCK_SIZE  # DFlash: tokens verified per step
     draft_window: int | None = None  # DFlash: the draft attends to this many last tokens
     budget: int = DDTREE_BUDGET  # DDTree: draft-tree nodes verified per step
+    draft_attention: str | None = None  # dflash, ddtree: the draft's attention backend
     kv_dtype: str = "bfloat16"  # or fp8_e4m3
     cuda_graphs: bool = True
     radix_cache: bool = True
@@ -118,6 +130,17 @@ class ServerSpec:
             raise ValueError(
                 f"{self.name}: a draft model goes with dflash and ddtree, and only with them"
             )
+        if self.draft_attention is not None:
+            if self.speculation not in DRAFT_MODEL_SPECULATIONS:
+                raise ValueError(
+                    f"{self.name}: a draft attention backend is for a draft model (dflash, "
+                    f"ddtree); {self.speculation} has none"
+                )
+            if self.draft_attention not in DRAFT_ATTENTION_BACKENDS:
+                raise ValueError(
+                    f"{self.name}: draft attention backend {self.draft_attention!r}; choose "
+                    f"from {list(DRAFT_ATTENTION_BACKENDS)}"
+                )
         if self.budget < 1:
             raise ValueError(f"{self.name}: budget must be at least 1, got {self.budget}")
         if self.block_size < 2:
@@ -136,6 +159,12 @@ class ServerSpec:
         """The speculative algorithm's family: eagle or dflash."""
         return SPEC_FAMILY[self.speculation]
 
+    def draft_attention_flags(self) -> list[str]:
+        """SGLang's flag for the draft model's attention backend, where one is set."""
+        if self.draft_attention is None:
+            return []
+        return ["--speculative-draft-attention-backend", self.draft_attention]
+
     def speculative_flags(self) -> list[str]:
         if self.speculation == DDTREE:
             # The verify width is the tree's nodes and its root; the draft's block comes from
@@ -148,6 +177,7 @@ class ServerSpec:
                 "--speculative-num-draft-tokens",
                 str(self.budget + 1),
                 "--disable-overlap-schedule",
+                *self.draft_attention_flags(),
             ]
         if self.speculation != DFLASH:
             return ["--speculative-algorithm", "EAGLE", *SPECULATION[self.speculation]]
@@ -164,6 +194,7 @@ class ServerSpec:
                 if self.draft_window is not None
                 else []
             ),
+            *self.draft_attention_flags(),
         ]
 
     def flags(self, port: int) -> list[str]:
@@ -215,12 +246,17 @@ class ServerSpec:
                     "draft": self.draft.name,
                     "block_size": self.block_size,
                     "draft_window": self.draft_window,
+                    "draft_attention": self.draft_attention,
                 }
                 if self.speculation == DFLASH
                 else {}
             ),
             **(
-                {"draft": self.draft.name, "budget": self.budget}
+                {
+                    "draft": self.draft.name,
+                    "budget": self.budget,
+                    "draft_attention": self.draft_attention,
+                }
                 if self.speculation == DDTREE
                 else {}
             ),
