@@ -46,6 +46,41 @@ def test_parts_partition_the_grid() -> None:
             kernel_bench.parse_part(bad)
 
 
+def test_the_command_line_selects_the_shapes() -> None:
+    """--shapes wins; else fp8's list, the quick list or the grid, cut by --part K/N."""
+
+    def shapes(*argv: str) -> list:
+        return kernel_bench.selected_shapes(kernel_bench.build_parser().parse_args(list(argv)))
+
+    grid = kernel_bench.grid_shapes()
+    assert shapes() == grid
+    assert shapes("--part", "2/3") == grid[1::3]
+    assert shapes("--quick") == kernel_bench.QUICK_SHAPES
+    assert shapes("--quick", "--kv-dtype", "fp8") == kernel_bench.FP8_SHAPES
+    assert shapes("--kv-dtype", "fp8", "--part", "1/2") == kernel_bench.FP8_SHAPES[::2]
+    given = "1x8x8x200000,8x16x16x4096"
+    assert shapes("--shapes", given, "--part", "2/2", "--kv-dtype", "fp8") == [
+        (1, 8, 8, 200000),
+        (8, 16, 16, 4096),
+    ]
+    args = kernel_bench.build_parser().parse_args([])
+    assert (args.out, args.l2, args.kv_dtype, args.target_ctas) == (
+        "bench/results/h200.json",
+        "flushed",
+        "bf16",
+        None,
+    )
+
+
+def test_the_merge_needs_no_gpu(tmp_path) -> None:
+    grid = kernel_bench.grid_shapes()
+    first = _part(tmp_path / "a.json", grid[0::2])
+    second = _part(tmp_path / "b.json", grid[1::2])
+    out = tmp_path / "m.json"
+    assert kernel_bench.main(["--merge", first, second, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["complete"] is True
+
+
 def test_shape_lists_parse_and_refuse_garbage() -> None:
     assert kernel_bench.parse_shapes("1x8x8x32768,8x16x16x4096") == [
         (1, 8, 8, 32768),

@@ -501,7 +501,10 @@ def write_result(
     return out_path
 
 
-def main() -> int:
+QUICK_SHAPES = [(1, 8, 8, 32768), (1, 16, 16, 131072), (8, 16, 16, 4096), (1, 128, 32, 32768)]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results/h200.json")
     parser.add_argument("--quick", action="store_true", help="a 4-shape smoke run")
@@ -523,74 +526,108 @@ def main() -> int:
         metavar="N",
         help="plan for N CTAs instead of one wave of the device (a split-size diagnostic)",
     )
-    args = parser.parse_args()
-    if args.merge:
-        try:
-            out_path = merge_parts(args.merge, args.out)
-        except ValueError as exc:
-            print(f"kernel_bench: {exc}", file=sys.stderr)
-            return 2
-        log(f"wrote {out_path}")
-        return 0
-    if not torch.cuda.is_available():
-        print("kernel_bench: needs a CUDA device", file=sys.stderr)
-        return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
+    return parser
+
+
+def selected_shapes(args: argparse.Namespace) -> list[tuple[int, int, int, int]]:
+    """The shapes to measure: --shapes as given, else the fp8 list, the quick list or the grid,
+    every N-th from the K-th for --part K/N."""
+    if args.shapes:
+        return args.shapes
+    k, n = args.part
+    if args.kv_dtype == "fp8":
+        shapes = FP8_SHAPES
+    elif args.quick:
+        shapes = QUICK_SHAPES
+    else:
+        shapes = grid_shapes()
+    return shapes[k - 1 :: n]
+
+
+def sglang_baselines(kdtree_only: bool, fp8: bool) -> tuple[Callable | None, Callable | None]:
+    """SGLang's extend_attention_fwd and verify_shared_kv_fwd, or None for each one not run:
+    unavailable, --kdtree-only, or shared-KV on the fp8 pool (chain-only, not a contender)."""
     try:
         from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
         from sglang.kernels.ops.attention.verify_mla import verify_shared_kv_fwd
     except ImportError as exc:  # the run is still useful without the baselines; say so
         log(f"SGLang kernels unavailable ({exc}); baselines will be null")
         extend_attention_fwd = verify_shared_kv_fwd = None
-    if args.kdtree_only:
+    if kdtree_only:
         extend_attention_fwd = verify_shared_kv_fwd = None
-    fp8 = args.kv_dtype == "fp8"
     if fp8:
         verify_shared_kv_fwd = None  # chain-only and not an fp8 contender here
+    return extend_attention_fwd, verify_shared_kv_fwd
 
-    props = torch.cuda.get_device_properties(0)
-    log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
-    ceilings = measure_ceilings()
-    log(f"ceilings: {ceilings}")
-    sm_scale = deepseek_v3_sm_scale()
-    shapes = grid_shapes()
-    if args.quick:
-        shapes = [(1, 8, 8, 32768), (1, 16, 16, 131072), (8, 16, 16, 4096), (1, 128, 32, 32768)]
-    k, n = args.part
-    if fp8:
-        shapes = FP8_SHAPES
-    shapes = args.shapes if args.shapes else shapes[k - 1 :: n]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
-    log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
-    pool = Pool(pool_rows, gen)
-    # fp8: SGLang's store of the same K (K / k_scale in e4m3); V its first 512 columns.
-    pool_fp8 = (pool.k / FP8_K_SCALE).to(torch.float8_e4m3fn) if fp8 else None
-    timer = Timer(l2=args.l2)
-    records = []
-    t_start = time.time()
-    for B, H, T, P in shapes:
-        inp = build_inputs(pool, B, H, T, P, gen)
+
+class ShapeBench:
+    """What every shape of one run shares: the pools, the timer, the ceilings, the contenders."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        shapes: list,
+        ceilings: dict,
+        baselines: tuple[Callable | None, Callable | None],
+    ) -> None:
+        self.fp8 = args.kv_dtype == "fp8"
+        self.target_ctas = args.target_ctas
+        self.ceilings = ceilings
+        self.extend_fwd, self.shared_kv_fwd = baselines
+        self.sm_scale = deepseek_v3_sm_scale()
+        self.gen = torch.Generator(device="cuda").manual_seed(0)
+        pool_rows = max(B * P + B * T for B, _, T, P in shapes) + 1024
+        log(f"pool: {pool_rows} rows ({pool_rows * QK * 2 / 1e9:.2f} GB)")
+        self.pool = Pool(pool_rows, self.gen)
+        # fp8: SGLang's store of the same K (K / k_scale in e4m3); V its first 512 columns.
+        self.pool_fp8 = (self.pool.k / FP8_K_SCALE).to(torch.float8_e4m3fn) if self.fp8 else None
+        self.timer = Timer(l2=args.l2)
+
+    def measure(self, B: int, H: int, T: int, P: int) -> dict:
+        """One shape's record: our kernel, then each baseline on the same inputs."""
+        inp = build_inputs(self.pool, B, H, T, P, self.gen)
         total_q = B * T
         out = torch.empty(total_q, H, DV, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(total_q, H, dtype=torch.float32, device="cuda")
-        plan = make_plan(B, H, total_q, "cuda", target_ctas=args.target_ctas)
+        plan = make_plan(B, H, total_q, "cuda", target_ctas=self.target_ctas)
+        rec = {"B": B, "H": H, "T": T, "prefix": P, "mask": "tree"}
+        kdtree_call, triton_mode_call = self.time_kdtree(rec, inp, out, lse, plan)
+        rec["triton_extend_us"] = None
+        rec["max_abs_diff_vs_extend"] = None
+        if self.extend_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
+            if self.fp8:
+                self.time_triton_fp8_extend(rec, inp, out, kdtree_call, triton_mode_call)
+            else:
+                self.time_triton_extend(rec, inp, out, kdtree_call)
+        rec["triton_shared_kv_us"] = None
+        if self.shared_kv_fwd is not None:
+            self.time_shared_kv(rec, inp, out)
+        rec["reference_us"] = None
+        if not self.fp8 and B * H * T * P <= REFERENCE_MAX_WORK:
+            rec["reference_us"] = self.time_reference(inp)
+        return rec
+
+    def time_kdtree(self, rec: dict, inp: dict, out, lse, plan) -> tuple[Callable, Callable | None]:
+        """Our layer call and plan update (fp8: also the bf16 pool and the triton numerics),
+        with the roofline figures; returns the layer call and the triton-numerics call."""
+        B, H, T, P = rec["B"], rec["H"], rec["T"], rec["prefix"]
+        timer, sm_scale = self.timer, self.sm_scale
 
         def plan_call(inp=inp, plan=plan):
             plan.update(inp["qo_indptr"], inp["kv_indptr"], inp["mask_indptr"])
 
-        kdtree_call = kdtree_layer_call(pool, inp, out, lse, plan, sm_scale)
+        kdtree_call = kdtree_layer_call(self.pool, inp, out, lse, plan, sm_scale)
         plan_call()
-        rec = {"B": B, "H": H, "T": T, "prefix": P, "mask": "tree"}
-        if fp8:
+        triton_mode_call = None
+        if self.fp8:
             rec["kdtree_bf16_us"] = round(timer.per_call_us(kdtree_call), 2)
             bf16_out = out.clone()
             triton_mode_call = kdtree_fp8_layer_call(
-                pool_fp8, inp, out, lse, plan, sm_scale, fp8_numerics="triton"
+                self.pool_fp8, inp, out, lse, plan, sm_scale, fp8_numerics="triton"
             )
             # SGLang's roundings (the backend's default): the row-max pass and the eager max.
             rec["kdtree_fp8_triton_numerics_us"] = round(timer.per_call_us(triton_mode_call), 2)
-            kdtree_call = kdtree_fp8_layer_call(pool_fp8, inp, out, lse, plan, sm_scale)
+            kdtree_call = kdtree_fp8_layer_call(self.pool_fp8, inp, out, lse, plan, sm_scale)
             kdtree_call()
             torch.cuda.synchronize()
             # the fp8 result against the bf16 pool's (a quantization distance, not an error)
@@ -599,7 +636,8 @@ def main() -> int:
         rec["kdtree_layer_us"] = round(timer.per_call_us(kdtree_call), 2)
         rec["kdtree_plan_us"] = round(timer.per_call_us(plan_call), 2)
         rec["kdtree_us"] = round(rec["kdtree_layer_us"] + rec["kdtree_plan_us"] / LAYERS, 2)
-        nbytes, flops, ideal = roofline(B, H, T, P, ceilings, pool_bytes=1 if fp8 else 2)
+        ceilings = self.ceilings
+        nbytes, flops, ideal = roofline(B, H, T, P, ceilings, pool_bytes=1 if self.fp8 else 2)
         rec.update(
             bytes=nbytes,
             flops=flops,
@@ -614,130 +652,171 @@ def main() -> int:
             target_ctas=plan.target_ctas,
             split_tokens=split_chunk([(T, P)] * B, H, plan.target_ctas, plan.max_splits),
         )
-        if fp8:
+        if self.fp8:
             # layer calls on both sides (the plan is shared and the same)
             rec["speedup_fp8_vs_bf16"] = round(rec["kdtree_bf16_us"] / rec["kdtree_layer_us"], 2)
             rec["triton_numerics_vs_fp16_time"] = round(
                 rec["kdtree_fp8_triton_numerics_us"] / rec["kdtree_layer_us"], 2
             )
-        rec["triton_extend_us"] = None
-        rec["max_abs_diff_vs_extend"] = None
-        if fp8 and extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
-            ext_out = torch.empty_like(out)
-            ext_meta = forward_metadata(inp, sm_scale)
+        return kdtree_call, triton_mode_call
 
-            def fp8_extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
-                sglang_extend_attention(
-                    meta,
-                    inp["q"],
-                    inp["k_ext"],
-                    inp["v_ext"],
-                    pool_fp8,
-                    pool_fp8[..., :DV],
-                    max_draft_tokens=T,
-                    k_scale=FP8_K_SCALE,
-                    v_scale=FP8_V_SCALE,
-                    out=ext_out,
-                )
+    def time_triton_fp8_extend(
+        self, rec: dict, inp: dict, out, kdtree_call: Callable, triton_mode_call: Callable
+    ) -> None:
+        """SGLang's Triton extend kernel on the fp8 pool, and both our numerics against it."""
+        ext_out = torch.empty_like(out)
+        ext_meta = forward_metadata(inp, self.sm_scale)
+        pool_fp8, T = self.pool_fp8, rec["T"]
 
-            rec["triton_fp8_extend_us"] = round(timer.per_call_us(fp8_extend_call, reps=3), 1)
-            kdtree_call()
-            rec["max_abs_diff_vs_triton_fp8"] = float((out.float() - ext_out.float()).abs().max())
-            triton_mode_call()
-            rec["max_abs_diff_triton_numerics_vs_triton_fp8"] = float(
-                (out.float() - ext_out.float()).abs().max()
+        def fp8_extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
+            sglang_extend_attention(
+                meta,
+                inp["q"],
+                inp["k_ext"],
+                inp["v_ext"],
+                pool_fp8,
+                pool_fp8[..., :DV],
+                max_draft_tokens=T,
+                k_scale=FP8_K_SCALE,
+                v_scale=FP8_V_SCALE,
+                out=ext_out,
             )
-            rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
-        elif extend_attention_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
-            ext_out = torch.empty_like(out)
-            ext_meta = forward_metadata(inp, sm_scale)
 
-            def extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
-                sglang_extend_attention(
-                    meta,
-                    inp["q"],
-                    inp["k_ext"],
-                    inp["v_ext"],
-                    pool.k,
-                    pool.v,
-                    max_draft_tokens=T,
-                    out=ext_out,
-                )
+        rec["triton_fp8_extend_us"] = round(self.timer.per_call_us(fp8_extend_call, reps=3), 1)
+        kdtree_call()
+        rec["max_abs_diff_vs_triton_fp8"] = float((out.float() - ext_out.float()).abs().max())
+        triton_mode_call()
+        rec["max_abs_diff_triton_numerics_vs_triton_fp8"] = float(
+            (out.float() - ext_out.float()).abs().max()
+        )
+        rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
 
-            rec["triton_extend_us"] = round(timer.per_call_us(extend_call, reps=3), 1)
-            kdtree_call()
-            rec["max_abs_diff_vs_extend"] = float((out.float() - ext_out.float()).abs().max())
-            rec["speedup_vs_extend"] = round(rec["triton_extend_us"] / rec["kdtree_us"], 1)
-        rec["triton_shared_kv_us"] = None
-        if verify_shared_kv_fwd is not None:
-            sk_out = torch.empty_like(out)
+    def time_triton_extend(self, rec: dict, inp: dict, out, kdtree_call: Callable) -> None:
+        """SGLang's Triton extend kernel on the bf16 pool, and our result against it."""
+        ext_out = torch.empty_like(out)
+        ext_meta = forward_metadata(inp, self.sm_scale)
+        pool, T = self.pool, rec["T"]
 
-            def shared_kv_call(inp=inp, sk_out=sk_out, T=T):
-                return verify_shared_kv_fwd(
-                    inp["q"],
-                    inp["k_ext"],
-                    inp["v_ext"],
-                    sk_out,
-                    pool.k,
-                    pool.v,
-                    inp["qo_indptr"],
-                    inp["kv_indptr"],
-                    inp["kv_indices"],
-                    None,
-                    True,
-                    None,
-                    T,
-                    1.0,
-                    1.0,
-                    sm_scale=sm_scale,
-                )
-
-            try:
-                accepted = shared_kv_call()
-            except Exception as exc:  # a decline by exception is still a decline; log it
-                log(f"  verify_shared_kv_fwd raised {type(exc).__name__}: {exc}")
-                accepted = False
-            if accepted:
-                rec["triton_shared_kv_us"] = round(timer.per_call_us(shared_kv_call, reps=3), 1)
-                rec["speedup_vs_shared_kv"] = round(
-                    rec["triton_shared_kv_us"] / rec["kdtree_us"], 1
-                )
-        rec["reference_us"] = None
-        if not fp8 and B * H * T * P <= REFERENCE_MAX_WORK:
-            args_ref = (
-                forward_metadata(inp, sm_scale),
+        def extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
+            sglang_extend_attention(
+                meta,
                 inp["q"],
                 inp["k_ext"],
                 inp["v_ext"],
                 pool.k,
                 pool.v,
+                max_draft_tokens=T,
+                out=ext_out,
             )
-            verify_attention_reference(*args_ref)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            verify_attention_reference(*args_ref)
-            torch.cuda.synchronize()
-            rec["reference_us"] = round((time.perf_counter() - t0) * 1e6, 1)
-        records.append(rec)
-        log(
-            f"B={B:3d} H={H:3d} T={T:3d} prefix={P:6d}  kdtree {rec['kdtree_us']:9.2f} us "
-            f"(layer {rec['kdtree_layer_us']:.2f} plan {rec['kdtree_plan_us']:.2f})  "
-            f"ideal {rec['ideal_us']:8.2f} us  eff {rec['roofline_efficiency']:.3f}  "
-            f"{rec['effective_TBps']:.2f} TB/s {rec['TFLOPs']:.0f} TF/s  "
-            f"extend {rec['triton_extend_us']}  shared_kv {rec['triton_shared_kv_us']}  "
-            f"ref {rec['reference_us']}  diff {rec['max_abs_diff_vs_extend']}  "
-            + (
-                f"bf16 {rec['kdtree_bf16_us']} us (fp8 x{rec['speedup_fp8_vs_bf16']})  "
-                f"triton_fp8 {rec.get('triton_fp8_extend_us')}  "
-                if fp8
-                else ""
+
+        rec["triton_extend_us"] = round(self.timer.per_call_us(extend_call, reps=3), 1)
+        kdtree_call()
+        rec["max_abs_diff_vs_extend"] = float((out.float() - ext_out.float()).abs().max())
+        rec["speedup_vs_extend"] = round(rec["triton_extend_us"] / rec["kdtree_us"], 1)
+
+    def time_shared_kv(self, rec: dict, inp: dict, out) -> None:
+        """SGLang's verify_shared_kv_fwd where it accepts the shape (it declines tree masks)."""
+        sk_out = torch.empty_like(out)
+        pool, T, sm_scale, shared_kv_fwd = self.pool, rec["T"], self.sm_scale, self.shared_kv_fwd
+
+        def shared_kv_call(inp=inp, sk_out=sk_out, T=T):
+            return shared_kv_fwd(
+                inp["q"],
+                inp["k_ext"],
+                inp["v_ext"],
+                sk_out,
+                pool.k,
+                pool.v,
+                inp["qo_indptr"],
+                inp["kv_indptr"],
+                inp["kv_indices"],
+                None,
+                True,
+                None,
+                T,
+                1.0,
+                1.0,
+                sm_scale=sm_scale,
             )
-            + f"[{time.time() - t_start:.0f} s]"
+
+        try:
+            accepted = shared_kv_call()
+        except Exception as exc:  # a decline by exception is still a decline; log it
+            log(f"  verify_shared_kv_fwd raised {type(exc).__name__}: {exc}")
+            accepted = False
+        if accepted:
+            rec["triton_shared_kv_us"] = round(self.timer.per_call_us(shared_kv_call, reps=3), 1)
+            rec["speedup_vs_shared_kv"] = round(rec["triton_shared_kv_us"] / rec["kdtree_us"], 1)
+
+    def time_reference(self, inp: dict) -> float:
+        """The float32 reference's wall time for one call, after one warm-up call."""
+        pool = self.pool
+        args_ref = (
+            forward_metadata(inp, self.sm_scale),
+            inp["q"],
+            inp["k_ext"],
+            inp["v_ext"],
+            pool.k,
+            pool.v,
         )
-        del inp, out, lse, plan
+        verify_attention_reference(*args_ref)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        verify_attention_reference(*args_ref)
+        torch.cuda.synchronize()
+        return round((time.perf_counter() - t0) * 1e6, 1)
+
+
+def shape_line(rec: dict, fp8: bool, elapsed_s: float) -> str:
+    """One shape's log line."""
+    B, H, T, P = rec["B"], rec["H"], rec["T"], rec["prefix"]
+    return (
+        f"B={B:3d} H={H:3d} T={T:3d} prefix={P:6d}  kdtree {rec['kdtree_us']:9.2f} us "
+        f"(layer {rec['kdtree_layer_us']:.2f} plan {rec['kdtree_plan_us']:.2f})  "
+        f"ideal {rec['ideal_us']:8.2f} us  eff {rec['roofline_efficiency']:.3f}  "
+        f"{rec['effective_TBps']:.2f} TB/s {rec['TFLOPs']:.0f} TF/s  "
+        f"extend {rec['triton_extend_us']}  shared_kv {rec['triton_shared_kv_us']}  "
+        f"ref {rec['reference_us']}  diff {rec['max_abs_diff_vs_extend']}  "
+        + (
+            f"bf16 {rec['kdtree_bf16_us']} us (fp8 x{rec['speedup_fp8_vs_bf16']})  "
+            f"triton_fp8 {rec.get('triton_fp8_extend_us')}  "
+            if fp8
+            else ""
+        )
+        + f"[{elapsed_s:.0f} s]"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.merge:
+        try:
+            out_path = merge_parts(args.merge, args.out)
+        except ValueError as exc:
+            print(f"kernel_bench: {exc}", file=sys.stderr)
+            return 2
+        log(f"wrote {out_path}")
+        return 0
+    if not torch.cuda.is_available():
+        print("kernel_bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    baselines = sglang_baselines(args.kdtree_only, args.kv_dtype == "fp8")
+    props = torch.cuda.get_device_properties(0)
+    log(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}")
+    ceilings = measure_ceilings()
+    log(f"ceilings: {ceilings}")
+    shapes = selected_shapes(args)
+    bench = ShapeBench(args, shapes, ceilings, baselines)
+    records = []
+    t_start = time.time()
+    for B, H, T, P in shapes:
+        rec = bench.measure(B, H, T, P)
+        records.append(rec)
+        log(shape_line(rec, bench.fp8, time.time() - t_start))
         write_result(args.out, props, ceilings, records, None, args.l2, args.kv_dtype)
     summary = summarize(records)
-    if fp8:
+    if bench.fp8:
         summary |= summarize_fp8(records)
     summary["bench_seconds"] = round(time.time() - t_start, 1)
     log(json.dumps(summary, indent=1))
