@@ -323,6 +323,24 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
 StartServer = Callable[..., contextlib.AbstractContextManager[str]]
 
 
+def prepare_raw(raw: Path, sizes: list[int], policy_name: str) -> tuple[dict, Path, dict]:
+    """The raw folder a grid writes into, empty of an earlier run's database: the corpus of
+    each size, and the policy file with its settings."""
+    for sub in ("servers", "gate", "runs"):
+        (raw / sub).mkdir(parents=True, exist_ok=True)
+    (raw / "runs.sqlite3").unlink(missing_ok=True)
+    corpora = {k: write_corpus(raw / f"corpus_{k}.jsonl", k) for k in sizes}
+    policy, policy_data = write_policy(raw / "policy.yaml", policy_name, min(sizes))
+    return corpora, policy, policy_data
+
+
+def pack_raw_folder(out: Path, raw: Path) -> None:
+    """Hundreds of small logs travel as one archive, ``raw.tar.xz``; the folder goes."""
+    with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
+        archive.add(raw, arcname="raw")
+    shutil.rmtree(raw)
+
+
 def measure(
     faults: list[str],
     sizes: list[int],
@@ -342,12 +360,7 @@ def measure(
     ``controls=False`` leaves the candidates that must pass out (a grid of faults only, for a
     device lease too short for both)."""
     raw = out / "raw"
-    for sub in ("servers", "gate", "runs"):
-        (raw / sub).mkdir(parents=True, exist_ok=True)
-    db = raw / "runs.sqlite3"
-    db.unlink(missing_ok=True)
-    corpora = {k: write_corpus(raw / f"corpus_{k}.jsonl", k) for k in sizes}
-    policy, policy_data = write_policy(raw / "policy.yaml", policy_name, min(sizes))
+    corpora, policy, policy_data = prepare_raw(raw, sizes, policy_name)
     cells: list[Cell] = []
     started = time.monotonic()
     stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
@@ -400,11 +413,8 @@ def measure(
                     )
                     table(complete=False)
     final = table(complete=True)
-    # Hundreds of small logs travel as one archive (the raw folder stays if anything above fails).
-    if pack_raw:
-        with tarfile.open(out / "raw.tar.xz", "w:xz") as archive:
-            archive.add(raw, arcname="raw")
-        shutil.rmtree(raw)
+    if pack_raw:  # (the raw folder stays if anything above fails)
+        pack_raw_folder(out, raw)
     return final
 
 
