@@ -17,7 +17,7 @@ help:
 
 ## setup: create .venv with torch, sglang (no-deps + light imports), dev tools, kdtree packages
 setup: $(VENV)/.setup-done
-$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml
+$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml bench/pyproject.toml
 	VENV=$(VENV) scripts/setup_venv.sh
 
 ## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
@@ -117,14 +117,14 @@ sass: setup
 
 ## bench: kernel benchmark on the local GPU vs SGLang's Triton kernels (writes BENCH_OUT; see bench/README.md)
 bench: setup
-	$(PY) bench/kernel_bench.py --out $(BENCH_OUT)
+	$(PY) -m kdtree_bench.kernel.kernel_bench --out $(BENCH_OUT)
 
 # ---- the SGLang backend (docs/sglang.md).
 .PHONY: bench-layer serve-local
 
 ## bench-layer: backend overhead around the kernel at B=1, prefix 32k (GPU; writes bench/results/layer_<gpu>.json + .log)
 bench-layer: setup
-	$(PY) bench/layer_bench.py
+	$(PY) -m kdtree_bench.kernel.layer_bench
 
 ## serve-local: SGLang in this venv with the kdtree verify backend (KDTREE_VERIFY=off|validate|on); SERVE_ARGS go to SGLang unchanged
 serve-local: setup

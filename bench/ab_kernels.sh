@@ -10,7 +10,7 @@
 #                                              AB_TEST_VARIANTS (default: all), then times our
 #                                              kernel alone over the grid for each, AB_REPEATS
 #                                              times (default 1; the variants take turns in each
-#                                              pass), and prints bench/compare_runs.py's table per
+#                                              pass), and prints bench/kdtree_bench/analysis/compare_runs.py's table per
 #                                              pass (base: ab/main where present, else the first;
 #                                              with 2+ passes also the base's pass 2 against its
 #                                              pass 1, the noise). AB_BENCH_ARGS go to
@@ -23,6 +23,8 @@
 # Raw logs and the kdtree-only JSONs are packed into $OUT/ab_results.tar.gz (the GPU machine
 # returns at most 8 files), next to the compare*.txt tables; $OUT defaults to bench/results/ab.
 set -uo pipefail
+# kdtree_bench (kernel_bench, compare_runs) runs from this tree: python3 -m kdtree_bench....
+export PYTHONPATH=$PWD/bench${PYTHONPATH:+:$PYTHONPATH}
 with_variant() {  # with_variant NAME CMD...: run CMD against variant NAME's package and build dir
   local name=$1
   shift
@@ -96,19 +98,19 @@ case $cmd in
       results=()
       for name in "${built[@]}"; do
         # shellcheck disable=SC2086  # AB_BENCH_ARGS is a list of arguments
-        with_variant "$name" python3 bench/kernel_bench.py --kdtree-only ${AB_BENCH_ARGS:-} \
+        with_variant "$name" python3 -m kdtree_bench.kernel.kernel_bench --kdtree-only ${AB_BENCH_ARGS:-} \
           --out "$OUT/$name$suffix.json" >"$OUT/$name$suffix.bench.log" 2>&1
         rc=$((rc | $?))
         echo "$name$suffix: $(tail -1 "$OUT/$name$suffix.bench.log")"
         [[ -f $OUT/$name$suffix.json ]] && results+=("$OUT/$name$suffix.json")
       done
       if [[ ${#results[@]} -ge 1 ]]; then
-        python3 bench/compare_runs.py "${results[@]}" | tee "$OUT/compare$suffix.txt"
+        python3 -m kdtree_bench.analysis.compare_runs "${results[@]}" | tee "$OUT/compare$suffix.txt"
       fi
     done
     base=${built[0]:-}
     if [[ $passes -gt 1 && -f $OUT/$base.1.json && -f $OUT/$base.2.json ]]; then
-      python3 bench/compare_runs.py "$OUT/$base.1.json" "$OUT/$base.2.json" |
+      python3 -m kdtree_bench.analysis.compare_runs "$OUT/$base.1.json" "$OUT/$base.2.json" |
         tee "$OUT/compare.noise.txt"
     fi
     exit $rc

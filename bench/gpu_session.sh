@@ -7,21 +7,21 @@
 # serving: the SGLang-backend and reference-engine GPU tests, the layer benchmark and the engine's
 # op-vs-triton parity over 100 prompts. profile: Nsight Compute on the attention
 # kernel at a memory-bound shape (B=1, H=8, T=8, 32k) and a compute-bound one (B=1, H=128, T=16,
-# 32k): stall reasons, per-instruction samples split into main-loop phases (bench/stall_phases.py),
+# 32k): stall reasons, per-instruction samples split into main-loop phases (bench/kdtree_bench/profiling/stall_phases.py),
 # and the duration of each of the three kernels of one call. tune: the kernel tests, our
 # kernel alone over the whole grid (no baselines; its ceilings include the mma.sync one) and the
 # profile: one kernel-tuning iteration. fp8: the fp8 KV pool in one bounded pass (under 8
 # minutes on an H200: the build, then at most 220 + 80 + 140 s): the kernel tests (bf16 and fp8,
 # against the reference, the CPU op and SGLang's Triton fp8 path; CUDA graphs) and the backend's
 # fp8 call path, memcheck over the fp8 sanitizer cases, and the fp8 benchmark
-# (bench/kernel_bench.py --kv-dtype fp8: fp8 vs the bf16 pool vs Triton's fp8 path); each step
+# (bench/kdtree_bench/kernel/kernel_bench.py --kv-dtype fp8: fp8 vs the bf16 pool vs Triton's fp8 path); each step
 # under its own time limit, so a slow one cannot take the others' time.
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-bench/results/run}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/kernel:$PWD/services/inference
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/kernel:$PWD/services/inference:$PWD/bench
 export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
 rc=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
@@ -40,17 +40,17 @@ if [[ $what == all || $what == sanitize ]]; then
   done
 fi
 if [[ $what == all || $what == bench ]]; then
-  python3 bench/kernel_bench.py --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
+  python3 -m kdtree_bench.kernel.kernel_bench --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
   rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == quick ]]; then
-  python3 bench/kernel_bench.py --quick --out "$OUT/quick.json" 2>&1 | tee "$OUT/bench_quick.log"
+  python3 -m kdtree_bench.kernel.kernel_bench --quick --out "$OUT/quick.json" 2>&1 | tee "$OUT/bench_quick.log"
   rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == serving ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_backend_gpu.py tests/gpu/test_engine_gpu.py -o addopts="" --durations=10 2>&1 | tee "$OUT/serving_test.log"
   rc=$((rc | PIPESTATUS[0]))
-  python3 bench/layer_bench.py --out "$OUT/layer_h200.json" 2>&1 | tee "$OUT/layer_bench.log"
+  python3 -m kdtree_bench.kernel.layer_bench --out "$OUT/layer_h200.json" 2>&1 | tee "$OUT/layer_bench.log"
   rc=$((rc | PIPESTATUS[0]))
   python3 -m kdtree_inference.engine.gpu_parity --prompts 100 --out "$OUT/engine_gpu_parity.json" 2>&1 | tee "$OUT/engine_gpu_parity.log"
   rc=$((rc | PIPESTATUS[0]))
@@ -58,7 +58,7 @@ fi
 if [[ $what == tune ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernel.py -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_kernel.log"
   rc=$((rc | PIPESTATUS[0]))
-  python3 bench/kernel_bench.py --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
+  python3 -m kdtree_bench.kernel.kernel_bench --kdtree-only --out "$OUT/kdtree_only.json" 2>&1 | tee "$OUT/bench_kdtree_only.log"
   rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == fp8 ]]; then
@@ -67,7 +67,7 @@ if [[ $what == fp8 ]]; then
   timeout 80 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 \
     | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log"
   rc=$((rc | PIPESTATUS[0]))
-  timeout 140 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
+  timeout 140 python3 -m kdtree_bench.kernel.kernel_bench --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 | tee "$OUT/bench_fp8.log"
   rc=$((rc | PIPESTATUS[0]))
 fi
 if [[ $what == profile || $what == tune ]]; then
@@ -77,20 +77,20 @@ if [[ $what == profile || $what == tune ]]; then
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" \
+      python3 -m kdtree_bench.profiling.profile_kernel --batch "$b" --heads "$h" --draft "$t" --prefix "$l" \
       >"$OUT/ncu_attention_B${b}_H${h}_T${t}_L${l}.log" 2>&1
     rc=$((rc | $?))
-    # Per-SASS-instruction warp samples: bench/stall_phases.py sums them per main-loop phase.
+    # Per-SASS-instruction warp samples: bench/kdtree_bench/profiling/stall_phases.py sums them per main-loop phase.
     rep=$(mktemp -d)/src
     ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 2 --launch-count 1 \
       --section SourceCounters --import-source yes -o "$rep" \
-      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" >/dev/null 2>&1
+      python3 -m kdtree_bench.profiling.profile_kernel --batch "$b" --heads "$h" --draft "$t" --prefix "$l" >/dev/null 2>&1
     ncu -i "$rep.ncu-rep" --page source --csv --print-source sass \
-      >"$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv" && python3 bench/stall_phases.py "$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv"
+      >"$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv" && python3 -m kdtree_bench.profiling.stall_phases "$OUT/sass_B${b}_H${h}_T${t}_L${l}.csv"
     rc=$((rc | $?))
     ncu --clock-control none --kernel-name regex:"plan_kernel|attention_kernel|combine_kernel" \
       --launch-skip 6 --launch-count 3 --section SpeedOfLight \
-      python3 bench/profile_kernel.py --batch "$b" --heads "$h" --draft "$t" --prefix "$l" 2>&1 \
+      python3 -m kdtree_bench.profiling.profile_kernel --batch "$b" --heads "$h" --draft "$t" --prefix "$l" 2>&1 \
       | grep -E "^  [a-z_ ]+|Duration" | tee "$OUT/ncu_kernels_B${b}_H${h}_T${t}_L${l}.log"
   done
   grep -h -E "Duration|Eligible Warps|Issued Warp|Warp Cycles Per Issued|Registers|Achieved Occ|DRAM Through|Compute \(SM\)" "$OUT"/ncu_attention_*.log

@@ -12,35 +12,37 @@
 #                reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
 #                ddtree, ddtree-64, kimi; default eagle): validate == off, the parity gate
-#   speed        bench/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
+#   speed        bench/kdtree_bench/e2e/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
 #                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
-#                repetition by bench/step_clocks.py (step_clocks.md)
+#                repetition by bench/kdtree_bench/profiling/step_clocks.py (step_clocks.md)
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
-#   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kernel_bench.py --kv-dtype fp8
+#   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kdtree_bench/kernel/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
-#   smoke        bench/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
-#   resolution   bench/parity_resolution.py --servers sglang on the tiny model: an off baseline
+#   smoke        bench/kdtree_bench/e2e/sglang_e2e.py on the tiny model: off vs on, batch 1, 1k and 32k, 64 tokens
+#   resolution   bench/kdtree_bench/e2e/parity_resolution.py --servers sglang on the tiny model: an off baseline
 #                and its A/A' floor (EAGLE's chain), an identical, an on and a chain candidate,
 #                on-with-KDTREE_INJECT_FAULT candidates and perturbed-weight copies, through the
-#                real gate (bench/models/parity_policy.yaml), eager forwards; RESOLUTION_SIZES /
+#                real gate (bench/kdtree_bench/models/parity_policy.yaml), eager forwards; RESOLUTION_SIZES /
 #                RESOLUTION_FAULTS override the grid, RESOLUTION_TIMEOUT cuts it (table kept),
 #                RESOLUTION_ARGS adds arguments (--no-controls: faults only)
-#   long         bench/parity_long.py --servers sglang: the long corpus in the model's tokens
+#   long         bench/kdtree_bench/e2e/parity_long.py --servers sglang: the long corpus in the model's tokens
 #                (LONG_BUCKETS, default 1024,8192,32768,128000 on LONG_PRESET rank), an off
 #                baseline and its EAGLE-chain floor; an on candidate must pass, an on candidate
 #                with KDTREE_INJECT_FAULT=LONG_FAULT (default kv_drop:20000) must fail through the
 #                long buckets only (long.json/long.md); kimi-rank: LONG_PRESET=kimi-rank
-#                LONG_BUCKETS=1024,32768,200000 LONG_POLICY=bench/models/parity_policy_kimi_rank.yaml;
+#                LONG_BUCKETS=1024,32768,200000 LONG_POLICY=bench/kdtree_bench/models/parity_policy_kimi_rank.yaml;
 #                LONG_ARGS adds arguments (e.g. --per-bucket 2 --new-tokens 24 for a shorter run)
 # Phases run in the order given; `tests+correctness` runs both at once on the shared GPU (for
 # phases that check correctness: timing phases run alone).
-# SPEED_ARGS adds arguments to bench/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
+# SPEED_ARGS adds arguments to bench/kdtree_bench/e2e/sglang_e2e.py in the speed phase (e.g. --kv-dtype fp8;
 # --profile-shape 1x1024: SGLang's profiler on that shape, the per-kernel table as profile.md;
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
 # SPEED_PRESET is the make_model.py preset (default rank), SPEED_LAYERS its target layer count
 # (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash or
 # ddtree writes a DFlash draft (ddtree: add --budget N to SPEED_ARGS, default 16);
+# SPEED_DRAFT_ATTENTION (dflash, ddtree) sets the draft model's attention backend (SGLang's
+# --speculative-draft-attention-backend, e.g. fa3 or flashinfer); records name it (draft_attention);
 # SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
@@ -87,6 +89,8 @@ export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
 # DFlash's sampling verify needs FlashInfer's sampling kernels, which the payload never has
 # (FlashInfer, when carried, serves attention only): bench/without_flashinfer marks it unavailable.
 export PYTHONPATH=$PWD/bench/without_flashinfer:$PYTHONPATH
+# kdtree_bench (the harness, the models) runs from this tree: python3 -m kdtree_bench....
+export PYTHONPATH=$PYTHONPATH:$PWD/bench
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # The payload's Rust radix-tree core is built for torch 2.14 and panics on 2.11: use the Python one.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
@@ -125,14 +129,16 @@ run_phase() {
       done ;;
     speed)
       preset=${SPEED_PRESET:-rank}
-      python3 bench/models/make_model.py --preset "$preset" ${SPEED_LAYERS:+--layers "$SPEED_LAYERS"} \
+      python3 -m kdtree_bench.models.make_model --preset "$preset" ${SPEED_LAYERS:+--layers "$SPEED_LAYERS"} \
         --device cuda "/tmp/models/$preset"
       spec_args=()
       case ${SPEED_SPEC:-eagle} in
         dflash|ddtree)
-          python3 bench/models/make_dflash_draft.py --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
+          python3 -m kdtree_bench.models.make_dflash_draft --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
           spec_args=(--spec "$SPEED_SPEC" --draft "/tmp/models/$preset-dflash") ;;
       esac
+      # The draft model's attention backend (sglang_e2e.py refuses it without a draft model).
+      [ -z "${SPEED_DRAFT_ATTENTION:-}" ] || spec_args+=(--draft-attention-backend "$SPEED_DRAFT_ATTENTION")
       # The GPU's clocks, power and throttle reasons every 200 ms, beside each repetition's
       # started_at in speed.json: a step that varies while its kernels do not shows up here.
       mkdir -p "$OUT/speed"
@@ -142,13 +148,13 @@ run_phase() {
       # SIGINT at SPEED_TIMEOUT: the servers stop, and speed.json keeps the shapes measured so
       # far (rewritten after each), so the phase still archives within the device's 10 minutes.
       # shellcheck disable=SC2086
-      timeout -s INT -k 30 "${SPEED_TIMEOUT:-500}" python3 bench/sglang_e2e.py \
+      timeout -s INT -k 30 "${SPEED_TIMEOUT:-500}" python3 -m kdtree_bench.e2e.sglang_e2e \
         --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" ${SPEED_ARGS:-} 2>&1 \
-        | tee "$OUT/speed.log" || say "speed: bench/sglang_e2e.py exited $?"
+        | tee "$OUT/speed.log" || say "speed: bench/kdtree_bench/e2e/sglang_e2e.py exited $?"
       kill "$clocks" || true
       cp "$OUT/speed/speed.json" "$OUT/" || true
       # Each repetition's step time beside the clocks during it (here: nvidia-smi logs local time).
-      python3 bench/step_clocks.py "$OUT/speed/speed.json" "$OUT/speed/gpu_clocks.csv" \
+      python3 -m kdtree_bench.profiling.step_clocks "$OUT/speed/speed.json" "$OUT/speed/gpu_clocks.csv" \
         --out "$OUT/step_clocks.md" >/dev/null || true
       # With --profile-shape in SPEED_ARGS: the per-kernel table beside the archive.
       if [ -f "$OUT/speed/profile/profile.md" ]; then cp "$OUT/speed/profile/profile.md" "$OUT/"; fi
@@ -161,21 +167,21 @@ run_phase() {
     fp8-bench)
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 tests/gpu/kernel_sanitize_cases.py --fp8 2>&1 | tail -30 | tee "$OUT/sanitize_memcheck_fp8.log" || true
-      timeout 200 python3 bench/kernel_bench.py --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 \
+      timeout 200 python3 -m kdtree_bench.kernel.kernel_bench --kv-dtype fp8 --out "$OUT/h200_fp8.json" 2>&1 \
         | tee "$OUT/bench_fp8.log" || true ;;
     smoke)
-      python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
-      python3 bench/sglang_e2e.py --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
+      python3 -m kdtree_bench.models.make_model --preset tiny --device cuda /tmp/models/tiny
+      python3 -m kdtree_bench.e2e.sglang_e2e --model /tmp/models/tiny --out "$OUT/smoke" --batches 1 \
         --prompt-lens 1024,32768 --new-tokens 64 --mem-fraction 0.1 --modes off,on 2>&1 | tee "$OUT/smoke.log" ;;
     resolution)
-      python3 bench/models/make_model.py --preset tiny --device cuda /tmp/models/tiny
+      python3 -m kdtree_bench.models.make_model --preset tiny --device cuda /tmp/models/tiny
       # SIGINT at the limit: the grid stops its servers, and its table so far stays written; a
       # grid still busy 30 s later (a server mid-start) is killed, so that the phase's archive
       # is still made within the device's 10 minutes (about 50 s of install and build before).
       # shellcheck disable=SC2086
-      timeout -s INT -k 30 "${RESOLUTION_TIMEOUT:-480}" python3 bench/parity_resolution.py \
+      timeout -s INT -k 30 "${RESOLUTION_TIMEOUT:-480}" python3 -m kdtree_bench.e2e.parity_resolution \
         --servers sglang --model-dir /tmp/models/tiny --floor-chain \
-        --policy bench/models/parity_policy.yaml ${RESOLUTION_ARGS:-} --out "$OUT/resolution" \
+        --policy bench/kdtree_bench/models/parity_policy.yaml ${RESOLUTION_ARGS:-} --out "$OUT/resolution" \
         --corpus-sizes "${RESOLUTION_SIZES:-40,100,200}" \
         --faults "${RESOLUTION_FAULTS:-scale:0.001,scale:0.01,scale:0.05,weight:1:0.004,weight:1:0.01,weight:1:0.05,kv_drop:64,kv_drop:16,kv_drop:0,tree_mask:7,tree_mask:3,tree_mask:0}" \
         2>&1 | tee "$OUT/resolution.log" || true
@@ -184,10 +190,10 @@ run_phase() {
       preset=${LONG_PRESET:-rank}
       # SIGINT at the limit: the servers stop, long.json keeps the candidates judged so far.
       # shellcheck disable=SC2086
-      timeout -s INT -k 30 "${LONG_TIMEOUT:-480}" python3 bench/parity_long.py --servers sglang \
+      timeout -s INT -k 30 "${LONG_TIMEOUT:-480}" python3 -m kdtree_bench.e2e.parity_long --servers sglang \
         --preset "$preset" --model-dir "/tmp/models/$preset" \
         --buckets "${LONG_BUCKETS:-1024,8192,32768,128000}" --fault "${LONG_FAULT:-kv_drop:20000}" \
-        --policy "${LONG_POLICY:-bench/models/parity_policy.yaml}" ${LONG_ARGS:-} --out "$OUT/long" 2>&1 \
+        --policy "${LONG_POLICY:-bench/kdtree_bench/models/parity_policy.yaml}" ${LONG_ARGS:-} --out "$OUT/long" 2>&1 \
         | tee "$OUT/long.log" || true
       cp "$OUT/long/long.json" "$OUT/long/long.md" "$OUT/" || true ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;

@@ -1,7 +1,7 @@
 // sm_80-level tensor-core and shared-memory primitives (mma.sync m16n8k16 with fp32
 // accumulation, ldmatrix, the fp8 KV dequantization), shared by the verify kernel and
-// bench/csrc/mma_ceiling.cu so that the ceiling is measured with the very instruction wrappers the
-// kernel issues.
+// bench/kdtree_bench/kernel/csrc/mma_ceiling.cu so that the ceiling is measured with the very
+// instruction wrappers the kernel issues.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

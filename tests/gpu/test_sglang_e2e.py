@@ -1,6 +1,6 @@
 """Real SGLang 0.5.23 servers with the kdtree backend, end to end, on the GPU.
 
-``kdtree-serve`` servers of a seeded DeepSeek-V3-architecture model (``bench/models``) run at once
+``kdtree-serve`` servers of a seeded DeepSeek-V3-architecture model (``bench/kdtree_bench/models``) run at once
 on one GPU, each with speculative decoding and ``--enable-metrics``. ``KDTREE_E2E_CONFIG`` picks
 the configuration family (``CONFIGS``; default ``eagle``): EAGLE's tree on the tiny model with a
 bf16 cache (``eagle``) or an FP8 one (``eagle-fp8``), DFlash's block verify with its draft model
@@ -43,7 +43,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,27 +54,23 @@ pytest.importorskip(
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "models"))
 
-import make_dflash_draft  # noqa: E402
-import make_model  # noqa: E402
-from sglang_e2e import metric_sum, metric_values  # noqa: E402
-from sglang_servers import (  # noqa: E402
+from kdtree_bench.e2e.sglang_e2e import metric_sum, metric_values  # noqa: E402
+from kdtree_bench.e2e.sglang_servers import (  # noqa: E402
     DDTREE,
     DRAFT_MODEL_SPECULATIONS,
     ServerSpec,
     start_all,
     stop_all,
 )
-
+from kdtree_bench.models import make_dflash_draft, make_model  # noqa: E402
 from kdtree_inference.sglang.modes import BF16_POOL_ATOL, FP8_POOL_ATOL  # noqa: E402
 from kdtree_parity.client import build_generate_request  # noqa: E402
 from kdtree_parity.corpus import CorpusEntry, load_corpus  # noqa: E402
 from kdtree_parity.generation import parse_generate_response  # noqa: E402
 from kdtree_parity.policy import load_policy  # noqa: E402
 
-MODELS = ROOT / "bench" / "models"
+MODELS = ROOT / "bench" / "kdtree_bench" / "models"
 
 
 @dataclasses.dataclass(frozen=True)

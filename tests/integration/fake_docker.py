@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from compose_model import command_args, load_compose
 
 STATE = Path(os.environ["FAKE_DOCKER_STATE"])

@@ -9,17 +9,15 @@
 """
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from spawned_python import run_for_result
 
+from kdtree_bench.models import make_dflash_draft, make_model
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "models"))
-import make_dflash_draft  # noqa: E402
-import make_model  # noqa: E402
 
 SCRIPT = textwrap.dedent(
     """

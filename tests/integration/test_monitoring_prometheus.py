@@ -13,7 +13,6 @@ KdtreeParityGateFailed and KdtreeParityHardDivergence, and nothing before.
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,8 +20,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from monitoring_kit import RULES, dashboard_exprs, tool
 from parity_service_proc import ParityService
 from parity_support import write_inputs

@@ -1,4 +1,4 @@
-"""The gate's resolution on real reference engines: a small grid of bench/parity_resolution.py
+"""The gate's resolution on real reference engines: a small grid of bench/kdtree_bench/e2e/parity_resolution.py
 (12 prompts, the shipped short policy, the split-KV floor the committed table was measured
 against) against the committed table. The identical, the equivalent-numerics (KDTREE_VERIFY=on)
 and the floor's own configuration as candidates pass; every fault kind at the smallest size the
@@ -9,15 +9,14 @@ report given the table prints that resolution."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from parity_support import run_cli
 
+from kdtree_bench.e2e import parity_resolution
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import parity_resolution  # noqa: E402
 
 COMMITTED = ROOT / "bench" / "results" / "parity_resolution" / "resolution.json"
 PROMPTS = 12

@@ -108,7 +108,9 @@ def stage(tmp_path: Path) -> Callable[..., Stage]:
         bin_dir.mkdir(exist_ok=True)
         docker = bin_dir / "docker"
         docker.write_text(
-            f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests/integration/fake_docker.py"}" "$@"\n'
+            # The stand-in imports tests/unit's compose_model, as pytest's pythonpath lets the tests.
+            f'#!/bin/sh\nPYTHONPATH="{ROOT / "tests/unit"}${{PYTHONPATH:+:$PYTHONPATH}}" '
+            f'exec "{sys.executable}" "{ROOT / "tests/integration/fake_docker.py"}" "$@"\n'
         )
         docker.chmod(0o755)
         corpus = tmp_path / "corpus.jsonl"

@@ -1,4 +1,4 @@
-"""bench/compare_runs.py and bench/stall_phases.py: comparing result files shape by shape, and
+"""bench/kdtree_bench/analysis/compare_runs.py and bench/kdtree_bench/profiling/stall_phases.py: comparing result files shape by shape, and
 splitting Nsight Compute's per-instruction samples into main-loop phases or explicit regions
 (both run on committed files, no GPU)."""
 
@@ -8,15 +8,12 @@ import argparse
 import csv
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import compare_runs
-import stall_phases
+from kdtree_bench.analysis import compare_runs
+from kdtree_bench.profiling import stall_phases
 
 DATA = Path(__file__).resolve().parent / "data"
 

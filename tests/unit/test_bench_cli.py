@@ -1,19 +1,16 @@
-"""bench/cli.py: NAME=PATH arguments and the printed (and written) table that the bench tools
+"""bench/kdtree_bench/cli.py: NAME=PATH arguments and the printed (and written) table that the bench tools
 share."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import host_samples
-import merge_e2e
-from cli import emit_table, name_and_path
+from kdtree_bench.analysis import merge_e2e
+from kdtree_bench.cli import emit_table, name_and_path
+from kdtree_bench.profiling import host_samples
 
 
 def test_name_and_path_splits_at_the_first_equals_sign() -> None:

@@ -1,24 +1,19 @@
-"""bench/models/make_model.py: the seeded model loads, by name and shape, into transformers'
+"""bench/kdtree_bench/models/make_model.py: the seeded model loads, by name and shape, into transformers'
 DeepSeek-V3 (the reference implementation of the checkpoint layout SGLang's loader reads), its
 greedy margins are clear, and its context matters without drowning the draft; the kimi-rank
-preset is Kimi K2's rank at the same layout. bench/models/make_dflash_draft.py: SGLang's DFlash
+preset is Kimi K2's rank at the same layout. bench/kdtree_bench/models/make_dflash_draft.py: SGLang's DFlash
 config parser reads the draft as meant, and the draft's block, computed as SGLang computes it,
 is the target's context-free prediction at any context length."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "models"))
-
-import make_dflash_draft
-import make_model
-import model_names
+from kdtree_bench.models import make_dflash_draft, make_model, model_names
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ HOOK_DIR = ROOT / "bench" / "without_flashinfer"
 # stands a kernel in first, as a CUDA build has, and reports the flag dflash_utils ends up with.
 PROBE = """
 import importlib.util, sys
-sys.path.insert(0, {hook_dir!r})
 from sglang.kernels.ops.speculative import verify_sampling
 verify_sampling.tree_speculative_sampling_target_only = object()
 spec = importlib.util.spec_from_file_location("hook", {hook_dir!r} + "/sitecustomize.py")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import config_table
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import config_table  # noqa: E402
 
 
 def test_readme_tables_are_what_the_settings_models_describe() -> None:

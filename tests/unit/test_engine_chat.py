@@ -8,18 +8,14 @@ tokens) and must carry the template the engine renders chats with.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from engine_hf_tokenizer import write
 from transformers import AutoTokenizer
 
 from kdtree_inference.engine.chat import HF_TOKENIZER_DIR, ChatError, render_chat
 from kdtree_inference.engine.tokenizer import ByteTokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from engine_hf_tokenizer import write
 
 TEXTS = ["hello world", "  tabs\tand\nnewlines ", "héllo ✓ 𠮷", "<|user|>\nnot special", "<eos>"]
 CHATS = [

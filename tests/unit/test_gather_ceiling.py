@@ -1,22 +1,17 @@
-"""bench/gather_ceiling.py: the KV-row gather kernel compiles for the target archs without a GPU
+"""bench/kdtree_bench/kernel/gather_ceiling.py: the KV-row gather kernel compiles for the target archs without a GPU
 (the bulk-copy methods from sm_90 on), loads through ctypes, and either measures (on a GPU) or
 fails with the CUDA error named (without)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from kdtree_bench.kernel import gather_ceiling, mma_ceiling
 from kdtree_verify._sass import find_cuobjdump
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import gather_ceiling
-import mma_ceiling
 
 
 def test_builds_and_loads_for_each_arch_with_bulk_copies_from_sm90(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""bench/host_samples.py: py-spy samples of SGLang's schedulers, sorted by where the time went."""
+"""bench/kdtree_bench/profiling/host_samples.py: py-spy samples of SGLang's schedulers, sorted by where the time went."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import host_samples
-from host_samples import category
+from kdtree_bench.profiling import host_samples
+from kdtree_bench.profiling.host_samples import category
 
 REPO = Path(__file__).resolve().parents[2]
 RUN25 = REPO / "bench/results/sglang_e2e/run25/speed.tar.xz"

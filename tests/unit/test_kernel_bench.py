@@ -1,18 +1,15 @@
-"""bench/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
+"""bench/kdtree_bench/kernel/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
 one complete grid, and the efficiency against the mma.sync ceiling."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import kernel_bench
+from kdtree_bench.kernel import kernel_bench
 
 
 def _record(shape: tuple[int, int, int, int]) -> dict:
@@ -47,6 +44,41 @@ def test_parts_partition_the_grid() -> None:
     for bad in ("0/2", "3/2", "x", "1-2"):
         with pytest.raises(argparse.ArgumentTypeError):
             kernel_bench.parse_part(bad)
+
+
+def test_the_command_line_selects_the_shapes() -> None:
+    """--shapes wins; else fp8's list, the quick list or the grid, cut by --part K/N."""
+
+    def shapes(*argv: str) -> list:
+        return kernel_bench.selected_shapes(kernel_bench.build_parser().parse_args(list(argv)))
+
+    grid = kernel_bench.grid_shapes()
+    assert shapes() == grid
+    assert shapes("--part", "2/3") == grid[1::3]
+    assert shapes("--quick") == kernel_bench.QUICK_SHAPES
+    assert shapes("--quick", "--kv-dtype", "fp8") == kernel_bench.FP8_SHAPES
+    assert shapes("--kv-dtype", "fp8", "--part", "1/2") == kernel_bench.FP8_SHAPES[::2]
+    given = "1x8x8x200000,8x16x16x4096"
+    assert shapes("--shapes", given, "--part", "2/2", "--kv-dtype", "fp8") == [
+        (1, 8, 8, 200000),
+        (8, 16, 16, 4096),
+    ]
+    args = kernel_bench.build_parser().parse_args([])
+    assert (args.out, args.l2, args.kv_dtype, args.target_ctas) == (
+        "bench/results/h200.json",
+        "flushed",
+        "bf16",
+        None,
+    )
+
+
+def test_the_merge_needs_no_gpu(tmp_path) -> None:
+    grid = kernel_bench.grid_shapes()
+    first = _part(tmp_path / "a.json", grid[0::2])
+    second = _part(tmp_path / "b.json", grid[1::2])
+    out = tmp_path / "m.json"
+    assert kernel_bench.main(["--merge", first, second, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["complete"] is True
 
 
 def test_shape_lists_parse_and_refuse_garbage() -> None:

@@ -1,18 +1,14 @@
-"""bench/l2_ceiling.py: the L2 read kernel compiles for the target archs without a GPU, loads
+"""bench/kdtree_bench/kernel/l2_ceiling.py: the L2 read kernel compiles for the target archs without a GPU, loads
 through ctypes, and either measures (on a GPU) or fails with the CUDA error named (without)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import l2_ceiling
-import mma_ceiling
+from kdtree_bench.kernel import l2_ceiling, mma_ceiling
 
 
 @pytest.mark.parametrize("arch", ["80", "90", "120"])

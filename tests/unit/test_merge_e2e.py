@@ -1,4 +1,4 @@
-"""bench/merge_e2e.py: a run's speed.json rows replace the committed rows that measured the same
+"""bench/kdtree_bench/analysis/merge_e2e.py: a run's speed.json rows replace the committed rows that measured the same
 configuration and shape, every other row keeps its run and log, and bad input is refused."""
 
 from __future__ import annotations
@@ -6,17 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import merge_e2e
-import sglang_e2e
-from sglang_servers import ServerSpec
+from kdtree_bench.analysis import merge_e2e
+from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.e2e.sglang_servers import ServerSpec
 
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "sglang_e2e_h200.json"
 
@@ -164,6 +161,38 @@ def test_a_draft_window_is_its_own_measurement(committed) -> None:
         ("run93", 4096),
     ]
     assert merge_e2e.row_key(new_rows[0]) != merge_e2e.row_key(new_rows[1])
+
+
+def test_a_draft_attention_backend_is_its_own_measurement(committed) -> None:
+    """DFlash with another draft attention backend measures something else: its rows never
+    replace those of SGLang's default backend, nor of another one."""
+    default, fa3, triton = (
+        ServerSpec(
+            "speed_on", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_attention=b
+        )
+        for b in (None, "fa3", "triton")
+    )
+    merged = copy.deepcopy(committed)
+    for run, spec in (("run95", default), ("run96", fa3), ("run97", triton)):
+        merged = merge_e2e.merge(
+            merged, [(run, speed_json([speed_record(spec, "on", 1, 1000, 900.0)]))]
+        )
+    new_rows = merged["records"][len(committed["records"]) :]
+    assert [(r["run"], r.get("draft_attention")) for r in new_rows] == [
+        ("run95", None),
+        ("run96", "fa3"),
+        ("run97", "triton"),
+    ]
+    assert len({merge_e2e.row_key(r) for r in new_rows}) == 3
+    # The same backend again replaces its own row only.
+    again = merge_e2e.merge(
+        copy.deepcopy(merged), [("run98", speed_json([speed_record(fa3, "on", 1, 1000, 950.0)]))]
+    )
+    assert [r["run"] for r in again["records"][len(committed["records"]) :]] == [
+        "run95",
+        "run98",
+        "run97",
+    ]
 
 
 def test_each_ddtree_budget_is_its_own_measurement(committed) -> None:

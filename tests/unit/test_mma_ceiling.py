@@ -1,20 +1,16 @@
-"""bench/mma_ceiling.py: the mma.sync ceiling kernels compile for the target archs without a GPU,
+"""bench/kdtree_bench/kernel/mma_ceiling.py: the mma.sync ceiling kernels compile for the target archs without a GPU,
 load through ctypes, and either measure (on a GPU) or fail with the CUDA error named (without)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from kdtree_bench.kernel import mma_ceiling
 from kdtree_verify._sass import find_cuobjdump
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import mma_ceiling
 
 
 @pytest.mark.parametrize("arch", ["80", "90", "120"])

@@ -1,15 +1,14 @@
-"""bench/parity_resolution.py's grid: which candidates run, in which order, with which floor."""
+"""bench/kdtree_bench/e2e/parity_resolution.py's grid: which candidates run, in which order, with which floor."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from kdtree_bench.e2e import parity_resolution
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import parity_resolution  # noqa: E402
 
 
 def test_controls_and_the_floor_come_first_then_the_faults_in_order() -> None:

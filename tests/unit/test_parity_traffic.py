@@ -78,12 +78,12 @@ def test_a_tokenizer_gives_input_ids_of_exactly_the_bucket() -> None:
 
 @pytest.mark.slow
 def test_corpus_long_in_a_real_models_tokens(tmp_path: Path) -> None:
-    """The GPU models' own tokenizer (bench/models/make_model.py's byte-level BPE, trained
+    """The GPU models' own tokenizer (bench/kdtree_bench/models/make_model.py's byte-level BPE, trained
     here): every prompt exactly its bucket in that tokenizer's ids, needle and question
     intact."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "models"))
-    import make_model
     from transformers import AutoTokenizer
+
+    from kdtree_bench.models import make_model
 
     model = tmp_path / "model"
     make_model.write_tokenizer(model, 262144)

@@ -1,4 +1,4 @@
-"""bench/sglang_e2e.py and bench/sglang_servers.py without a GPU: the command lines a user would
+"""bench/kdtree_bench/e2e/sglang_e2e.py and bench/kdtree_bench/e2e/sglang_servers.py without a GPU: the command lines a user would
 type for each configuration, the metrics parsing, the refusals of bad arguments, and how failed
 server starts are retried."""
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import sglang_e2e
-from sglang_servers import TP_ENV, ServerSpec
+from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.e2e.sglang_servers import DRAFT_ATTENTION_BACKENDS, TP_ENV, ServerSpec
 
 
 def test_flags_are_sglang_s_for_tree_chain_graphs_and_tp() -> None:
@@ -166,6 +164,58 @@ def test_server_specs_refuse_inconsistent_speculation() -> None:
         ServerSpec("e", "on", Path("/m"), draft_window=4096)
     with pytest.raises(ValueError, match="draft_window 8 is smaller than the block"):
         ServerSpec("d", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_window=8)
+
+
+def test_a_draft_attention_backend_goes_to_sglang_for_a_draft_model_only() -> None:
+    for speculation in ("dflash", "ddtree"):
+        spec = ServerSpec(
+            "d", "on", Path("/m"), speculation=speculation, draft=Path("/d"), draft_attention="fa3"
+        )
+        flags = spec.flags(30006)
+        assert flags[flags.index("--speculative-draft-attention-backend") + 1] == "fa3"
+        assert spec.describe()["draft_attention"] == "fa3"
+        unset = ServerSpec("d", "on", Path("/m"), speculation=speculation, draft=Path("/d"))
+        assert "--speculative-draft-attention-backend" not in unset.flags(30006)
+        assert unset.describe()["draft_attention"] is None
+    for speculation in ("tree", "chain"):
+        with pytest.raises(ValueError, match="a draft attention backend is for a draft model"):
+            ServerSpec("e", "on", Path("/m"), speculation=speculation, draft_attention="fa3")
+    with pytest.raises(ValueError, match="draft attention backend 'cutlass'"):
+        ServerSpec(
+            "d", "on", Path("/m"), speculation="dflash", draft=Path("/d"), draft_attention="cutlass"
+        )
+    assert "draft_attention" not in ServerSpec("e", "off", Path("/m")).describe()
+
+
+def test_the_draft_attention_backends_are_sglangs_choices() -> None:
+    choices = pytest.importorskip("sglang.srt.arg_groups.choices")
+    assert set(DRAFT_ATTENTION_BACKENDS) == set(choices.DRAFT_ATTENTION_BACKEND_CHOICES)
+
+
+def test_the_draft_attention_option_is_refused_without_a_draft_model(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path)]
+    assert sglang_e2e.main([*base, "--draft-attention-backend", "fa3"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--draft-attention-backend is a draft model's: use it with --spec dflash or ddtree" in err
+    )
+    with pytest.raises(SystemExit):
+        sglang_e2e.main([*base, "--draft-attention-backend", "cutlass"])
+    args = sglang_e2e.build_parser().parse_args(
+        [*base, "--spec", "ddtree", "--draft", str(tmp_path), "--draft-attention-backend", "triton"]
+    )
+    assert sglang_e2e.refusal(args) is None
+    (spec,) = sglang_e2e.speed_specs(
+        Path("/m"),
+        ["on"],
+        0.2,
+        (),
+        speculation="ddtree",
+        draft=Path("/d"),
+        draft_attention="triton",
+    )
+    assert spec.draft_attention == "triton"
 
 
 def test_modes_alternate_per_shape_and_per_repetition() -> None:
@@ -381,7 +431,7 @@ def timeline_of(tmp_path: Path) -> list[str]:
 def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkeypatch) -> None:
     """Stand-in servers whose first start fails: both retries wait for the wave, and the second
     starts once the first is ready."""
-    from sglang_servers import start_all, stop_all
+    from kdtree_bench.e2e.sglang_servers import start_all, stop_all
 
     specs = stand_in_specs(tmp_path, monkeypatch, RETRY_START)
     servers, failed = start_all(specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0)
@@ -411,7 +461,7 @@ def test_each_start_waits_for_the_memory_pools_of_the_one_before(
     """Stand-in servers that log SGLang's line after their pools (a graph capture, or eager's
     scheduler summary) and answer 5 s later: the next start waits for the line, not for the
     server to answer. A log that never shows it holds the next start only ``pools_wait_s``."""
-    from sglang_servers import start_all, stop_all
+    from kdtree_bench.e2e.sglang_servers import start_all, stop_all
 
     specs = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools_line)
     wait_s = 30.0 if pools_line else 1.0

@@ -1,20 +1,17 @@
-"""bench/sglang_profile.py without a GPU: GPU time per kernel read from Chrome traces as the torch
+"""bench/kdtree_bench/profiling/sglang_profile.py without a GPU: GPU time per kernel read from Chrome traces as the torch
 profiler inside SGLang writes them, and the side-by-side table per verify step."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import sglang_e2e
-import sglang_profile
+from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.profiling import sglang_profile
 
 VERIFY = "void kdtree::(anonymous namespace)::attention_kernel<__nv_bfloat16, true>(VerifyParams)"
 COMBINE = "void kdtree::(anonymous namespace)::combine_kernel<__nv_bfloat16, 4>(VerifyParams)"

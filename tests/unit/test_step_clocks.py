@@ -1,15 +1,12 @@
-"""bench/step_clocks.py: a speed run's repetitions lined up with nvidia-smi's clock log."""
+"""bench/kdtree_bench/profiling/step_clocks.py: a speed run's repetitions lined up with nvidia-smi's clock log."""
 
 from __future__ import annotations
 
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import step_clocks
+from kdtree_bench.profiling import step_clocks
 
 # As the speed phase's nvidia-smi writes it (the H200, e2e 24), a message line mixed in.
 HEADER = (

@@ -9,7 +9,7 @@ value               fault
 =================== ============================================================================
 ``weight:L:S[:N]``  every matrix of layer L gets seeded Gaussian noise of relative size S
                     (``||dW|| = S * ||W||``, seed N, default 0); reference engine only (SGLang:
-                    ``bench/models/make_model.py --perturb L:S`` writes a perturbed copy)
+                    ``bench/kdtree_bench/models/make_model.py --perturb L:S`` writes a perturbed copy)
 ``scale:S``         the attention softmax scale is multiplied by (1 + S) in every layer
 ``kv_drop:P``       the KV row at position P is masked out for every query after it
 ``tree_mask:R``     draft token R (row R of the tree mask, 0 = the root) also sees the first

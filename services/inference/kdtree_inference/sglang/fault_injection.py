@@ -6,7 +6,7 @@ stock). ``scale`` multiplies the kernel's softmax scale; ``kv_drop`` and ``tree_
 forward's marshaled inputs once, before the kernel's plan is updated, and read index tensors on
 the host, so they need eager forwards (``--disable-cuda-graph``); a CUDA-graph capture with one
 of them set is refused. ``weight`` faults are not served here: write a perturbed model copy with
-``bench/models/make_model.py --perturb LAYER:SIZE``.
+``bench/kdtree_bench/models/make_model.py --perturb LAYER:SIZE``.
 """
 
 from __future__ import annotations

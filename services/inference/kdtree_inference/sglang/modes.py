@@ -32,7 +32,7 @@ def _checked_fault(fault: Fault | None, mode: VerifyMode) -> Fault | None:
     if fault.kind == "weight":
         raise SettingsError(
             f"{FAULT_ENV_VAR}={fault.describe()!r}: weight faults are not injected into SGLang; "
-            "write a perturbed model with bench/models/make_model.py --perturb LAYER:SIZE"
+            "write a perturbed model with bench/kdtree_bench/models/make_model.py --perturb LAYER:SIZE"
         )
     return fault
 

@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser, settings: ParitySettings) -> 
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_resolution(
         parser,
-        "resolution table (bench/parity_resolution.py's resolution.json) to "
+        "resolution table (kdtree_bench.e2e.parity_resolution's resolution.json) to "
         "print in the HTML and Markdown reports",
     )
     add_db(parser, settings)

@@ -1,6 +1,6 @@
 """The gate's measured resolution as a section of a run's Markdown and HTML reports.
 
-Input: a resolution table (``resolution.json`` as ``bench/parity_resolution.py`` writes it:
+Input: a resolution table (``resolution.json`` as ``bench/kdtree_bench/e2e/parity_resolution.py`` writes it:
 graded faults x corpus size -> verdict, and per fault kind and corpus size the smallest fault
 that failed). The section names the smallest fault of each kind that this policy detected with
 a corpus of this run's size (the largest measured corpus size not above the prompts this run
@@ -133,7 +133,7 @@ def resolution_markdown(table: ResolutionTable, prompts: int | None) -> str:
         )
     else:
         lines.append(
-            f"Measured by `bench/parity_resolution.py` with policy {for_markdown(table.policy)} "
+            f"Measured by `bench/kdtree_bench/e2e/parity_resolution.py` with policy {for_markdown(table.policy)} "
             f"({for_markdown(table.path)}, sha256 `{table.sha256[:12]}`); this run compared "
             f"{prompts} prompts, so the {applies}-prompt row applies."
         )

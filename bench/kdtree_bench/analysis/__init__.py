@@ -1,0 +1,1 @@
+"""The results pipeline: merging runs into the committed records, comparing and indexing them."""

@@ -1,0 +1,1 @@
+"""Kernel microbenchmarks: the verify kernel against SGLang's kernels, and this GPU's ceilings."""

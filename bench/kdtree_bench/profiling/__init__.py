@@ -1,0 +1,1 @@
+"""Profiling: Nsight Compute and SGLang profiler runs, host samples, clocks and timelines."""
