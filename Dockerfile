@@ -196,6 +196,7 @@ COPY scripts/setup_venv.sh scripts/
 COPY requirements/ requirements/
 COPY services/inference/pyproject.toml services/inference/pyproject.toml
 COPY services/parity/pyproject.toml services/parity/pyproject.toml
+COPY bench/pyproject.toml bench/pyproject.toml
 COPY kernel/ kernel/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     pip install --no-deps --no-build-isolation ./kernel \
