@@ -56,6 +56,41 @@ def start_pair(
     return baseline, candidate
 
 
+# The parity sidecar, a separate program: this package runs it and never imports it.
+SIDECAR = [sys.executable, "-m", "kdtree_parity.cli"]
+
+
+def demo_policy(overrides: dict[str, dict[str, int]]) -> str:
+    """The shipped "short" policy as YAML, with ``overrides`` ({section: {key: value}}) applied.
+
+    "short" suits the demo (float32 on CPU: identical servers match exactly, A/A drift is 0);
+    only its generation length and prompt count are sized to the demo's corpus. The sidecar
+    prints it with every key (``kdtree-parity policy --show short``: sections at the margin,
+    their keys indented by two spaces); each override replaces one key's line, and one that
+    matches no key is refused. The sidecar loads the result strictly, as any policy file.
+    """
+    shown = subprocess.run(
+        [*SIDECAR, "policy", "--show", "short"], capture_output=True, text=True, check=False
+    )
+    if shown.returncode != 0:
+        raise RuntimeError(f"kdtree-parity policy --show short failed: {shown.stderr.strip()}")
+    pending = {(s, key): value for s, keys in overrides.items() for key, value in keys.items()}
+    lines, section = ["# kdtree parity policy of make demo: short, sized to the demo corpus"], None
+    for line in shown.stdout.splitlines():
+        if line.startswith("#"):
+            continue
+        if not line.startswith(" "):
+            section = line.rstrip(":")
+        else:
+            key = line.strip().split(":", 1)[0]
+            if (section, key) in pending:
+                line = f"  {key}: {json.dumps(pending.pop((section, key)))}"
+        lines.append(line)
+    if pending:
+        raise RuntimeError(f"the short policy has no keys {sorted(pending)}")
+    return "\n".join(lines) + "\n"
+
+
 def compare_with_sidecar(
     baseline: EngineProcess,
     candidate: EngineProcess,
@@ -76,28 +111,19 @@ def compare_with_sidecar(
     corpus_path.write_text(
         "".join(json.dumps({"id": f"demo-{i:03d}", "text": p}) + "\n" for i, p in enumerate(corpus))
     )
-    # The shipped "short" policy (float32 on CPU: identical servers match exactly, A/A drift
-    # is 0), sized to this corpus and generation length. JSON is YAML, so it is written as JSON.
-    from kdtree_parity.policy import load_policy
-
-    short = load_policy("short").policy
-    policy = short.model_copy(
-        update={
-            "replay": short.replay.model_copy(update={"max_new_tokens": max_new_tokens}),
-            "gate": short.gate.model_copy(update={"min_prompts": len(corpus)}),
-        }
-    )
     policy_path = out_dir / "policy.yaml"
-    policy_path.write_text(policy.model_dump_json(indent=1) + "\n")
+    policy_path.write_text(
+        demo_policy(
+            {"replay": {"max_new_tokens": max_new_tokens}, "gate": {"min_prompts": len(corpus)}}
+        )
+    )
     before = set(out_dir.glob("*/report.json"))
     sidecar = None
     try:
         with interrupts_deferred():  # Ctrl-C while it starts must not orphan the sidecar
             sidecar = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "kdtree_parity.cli",
+                    *SIDECAR,
                     "run",
                     "--baseline",
                     baseline.url,
