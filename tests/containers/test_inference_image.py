@@ -23,8 +23,10 @@ import pytest
 from container_support import INFERENCE_IMAGE, ROOT, inspect, missing, podman
 from packaging.version import Version
 
+from kdtree_verify._build import DEFAULT_ARCHS, parse_archs
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("inference_image")]
-ARCHS = {"sm_80", "sm_90", "sm_120"}
+ARCHS = {f"sm_{a}" for a in parse_archs(DEFAULT_ARCHS)}  # kernel/kdtree_verify/cuda_archs.txt
 EXTENSION = "/opt/kdtree/kernel-build/kdtree_verify_cuda.so"
 MANIFEST_TYPES = ", ".join(
     (
@@ -73,7 +75,7 @@ def test_elf_archs_parses_cuobjdumps_listing() -> None:
         "ELF file    2: verify_kernel.sm_90.cubin\n"
         "ELF file    3: verify_kernel.sm_120.cubin\n"
     )
-    assert elf_archs(listing) == ARCHS
+    assert elf_archs(listing) == {"sm_80", "sm_90", "sm_120"}
     assert "sm_120" not in elf_archs(listing.replace("sm_120", "sm_89"))
 
 
@@ -224,7 +226,7 @@ def test_labels_name_the_revision_and_the_versions_inside() -> None:
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     assert labels["org.opencontainers.image.revision"] == revision
-    assert labels["io.kdtree.cuda.archs"] == "80;90;120"
+    assert labels["io.kdtree.cuda.archs"] == DEFAULT_ARCHS
     inside = python_in_image(
         """
         import json, re, subprocess

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from compose_model import command_args, enabled_services, gpu_devices, load_compose
 
+from kdtree_verify._build import DEFAULT_ARCHS, parse_archs
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GATE = {"inference-baseline", "inference-candidate", "parity"}
@@ -203,11 +205,11 @@ def test_kernel_is_built_by_make_kernel_like_everywhere_else() -> None:
     # and to promote (its --build-arg), and that _build reads; the Dockerfile and compose.yaml
     # hold none.
     archs_file = ROOT / "kernel" / "kdtree_verify" / "cuda_archs.txt"
-    assert archs_file.read_text() == "80;90;120\n"
+    assert archs_file.read_text() == f"{DEFAULT_ARCHS}\n" and parse_archs(DEFAULT_ARCHS)
     assert "cuda_archs.txt" in makefile and "KDTREE_CUDA_ARCHS" in _kernel_build_sources()
     assert "ARG KDTREE_CUDA_ARCHS=" in stages["kernel-build"], "the build argument has no default"
     for path in ("Dockerfile", "compose.yaml"):
-        assert "80;90;120" not in (ROOT / path).read_text(), f"{path} keeps its own arch list"
+        assert DEFAULT_ARCHS not in (ROOT / path).read_text(), f"{path} keeps its own arch list"
     args = yaml.safe_load((ROOT / "compose.yaml").read_text())["x-build-inference"]["args"]
     assert args["KDTREE_CUDA_ARCHS"] == "${KDTREE_CUDA_ARCHS:-}"
     for target, command in (
@@ -217,7 +219,7 @@ def test_kernel_is_built_by_make_kernel_like_everywhere_else() -> None:
     ):
         recipe = _run("make", "-n", "-s", target, "COMPOSE=docker compose").stdout
         line = next(line for line in recipe.splitlines() if command in line)
-        assert 'KDTREE_CUDA_ARCHS="80;90;120"' in line, f"make {target}: {line}"
+        assert f'KDTREE_CUDA_ARCHS="{DEFAULT_ARCHS}"' in line, f"make {target}: {line}"
 
 
 def _kernel_build_sources() -> str:

@@ -16,7 +16,7 @@ import pytest
 from kdtree_verify import _build, _ptxas
 
 REPO = Path(__file__).resolve().parents[2]
-ARCHS = ["80", "90", "120"]
+ARCHS = _build.parse_archs(_build.DEFAULT_ARCHS)  # kernel/kdtree_verify/cuda_archs.txt
 KERNELS = {
     "plan_kernel",
     "attention_kernel<bf16>",
@@ -106,7 +106,7 @@ def test_short_names_keep_template_arguments_apart() -> None:
 
 def test_arch_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KDTREE_CUDA_ARCHS", raising=False)
-    assert _build.cuda_archs() == ["80", "90", "120"]
+    assert _build.cuda_archs() == ARCHS
     monkeypatch.setenv("KDTREE_CUDA_ARCHS", "90")
     assert _build.gencode_flags(_build.cuda_archs()) == ["-gencode=arch=compute_90,code=sm_90"]
     monkeypatch.setenv("KDTREE_CUDA_ARCHS", "sm_90")

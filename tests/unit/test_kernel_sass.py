@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from kdtree_verify import _ptxas, _sass
+from kdtree_verify import _build, _ptxas, _sass
 
-ARCHS = ["80", "90", "120"]
+ARCHS = _build.parse_archs(_build.DEFAULT_ARCHS)  # kernel/kdtree_verify/cuda_archs.txt
 
 
 @pytest.fixture(scope="module")

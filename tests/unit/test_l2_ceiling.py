@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from kdtree_bench.kernel import l2_ceiling, mma_ceiling
+from kdtree_verify._build import DEFAULT_ARCHS, parse_archs
 
 
-@pytest.mark.parametrize("arch", ["80", "90", "120"])
+@pytest.mark.parametrize("arch", parse_archs(DEFAULT_ARCHS))
 def test_builds_and_loads_for_each_arch(arch: str, tmp_path: Path) -> None:
     lib = mma_ceiling.build(arch, tmp_path, source=l2_ceiling.SOURCE)
     assert lib.name == f"l2_ceiling_sm{arch}.so"

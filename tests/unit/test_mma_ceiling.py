@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from kdtree_bench.kernel import mma_ceiling
+from kdtree_verify._build import DEFAULT_ARCHS, parse_archs
 from kdtree_verify._sass import find_cuobjdump
 
 
-@pytest.mark.parametrize("arch", ["80", "90", "120"])
+@pytest.mark.parametrize("arch", parse_archs(DEFAULT_ARCHS))
 def test_builds_and_loads_for_each_arch(arch: str, tmp_path: Path) -> None:
     dll = mma_ceiling.load(mma_ceiling.build(arch, tmp_path))
     assert dll.mma_ceiling_mmas_per_warp(0, 1000) == 8 * 1000

@@ -15,6 +15,7 @@ from kdtree_parity.promote.errors import PromotionError
 from kdtree_parity.promote.flow import PromotionOptions, build_images
 from kdtree_parity.promote.profiles import GATE_PROFILES, GateProfileName
 from kdtree_parity.promote.settings import CUDA_ARCHS_FILE, PromoteSettings, checkout_cuda_archs
+from kdtree_verify._build import DEFAULT_ARCHS
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each variable promote reads, the setting it fills, and its default when unset.
@@ -140,10 +141,10 @@ def test_the_image_is_built_for_the_checkout_arch_list_unless_overridden(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(ROOT)
-    assert (ROOT / CUDA_ARCHS_FILE).read_text() == "80;90;120\n"
+    assert (ROOT / CUDA_ARCHS_FILE).read_text() == f"{DEFAULT_ARCHS}\n"
     docker = _RecordingDocker()
     build_images(_options(), docker)
-    assert _built_archs(docker) == ["KDTREE_CUDA_ARCHS=80;90;120"]
+    assert _built_archs(docker) == [f"KDTREE_CUDA_ARCHS={DEFAULT_ARCHS}"]
     docker = _RecordingDocker()
     build_images(_options(cuda_archs="90"), docker)
     assert _built_archs(docker) == ["KDTREE_CUDA_ARCHS=90"]
