@@ -105,12 +105,40 @@ void check_fp8_pool(const torch::Tensor& k_buf) {
               "fp8 k_buffer rows must be 8-byte aligned (token stride a multiple of 8)");
 }
 
-void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Tensor& v_ext,
-            const torch::Tensor& k_buf, const torch::Tensor& v_buf, const torch::Tensor& kv_indices,
-            const std::optional<torch::Tensor>& mask, torch::Tensor& out, torch::Tensor& lse,
-            const torch::Tensor& workspace, const std::vector<int64_t>& offsets, double sm_scale,
-            int64_t batch, int64_t slots, int64_t max_splits, double k_scale, double v_scale,
-            bool fp8_triton) {
+// The arguments of attend(), by name (a params object in the FlashInfer and FlashMLA manner):
+// kdtree_verify/cuda.py fills one per call. The shapes and dtypes are attend()'s checks below.
+struct AttendArgs {
+  // q [T, H, 576]; the new tokens' K [*, 1, 576] and V [*, 1, 512]; the KV pool, K and V.
+  torch::Tensor q, k_extend, v_extend, k_buffer, v_buffer;
+  torch::Tensor kv_indices;                  // pool rows of every request's prefix, int32/int64
+  std::optional<torch::Tensor> custom_mask;  // bool or uint8, 1-D; or none
+  torch::Tensor out, lse;                    // written: [T, H, 512] in q's dtype, [T, H] fp32
+  // The plan (kdtree_verify/plan.py): its workspace, the region offsets and sizes.
+  torch::Tensor workspace;
+  std::vector<int64_t> offsets;
+  int64_t batch = 0;
+  int64_t num_tile_slots = 0;
+  int64_t max_splits = 0;
+  double sm_scale = 0.0;
+  // An fp8 (float8_e4m3fn) pool: its dequantization scales and SGLang's roundings (triton).
+  double k_scale = 1.0;
+  double v_scale = 1.0;
+  bool fp8_triton = false;
+};
+
+void attend(const AttendArgs& a) {
+  TORCH_CHECK(a.q.defined() && a.k_extend.defined() && a.v_extend.defined() &&
+                  a.k_buffer.defined() && a.v_buffer.defined() && a.kv_indices.defined() &&
+                  a.out.defined() && a.lse.defined() && a.workspace.defined(),
+              "attend: every tensor of AttendArgs must be set (custom_mask may be None)");
+  const torch::Tensor& q = a.q;
+  const torch::Tensor& k_ext = a.k_extend;
+  const torch::Tensor& v_ext = a.v_extend;
+  const torch::Tensor& k_buf = a.k_buffer;
+  const torch::Tensor& v_buf = a.v_buffer;
+  const torch::Tensor& out = a.out;
+  const torch::Tensor& lse = a.lse;
+  const std::optional<torch::Tensor>& mask = a.custom_mask;
   const c10::cuda::CUDAGuard guard(q.device());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "q must be bf16 or fp16");
@@ -124,7 +152,7 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   const bool kv_fp8 = k_buf.scalar_type() == at::ScalarType::Float8_e4m3fn;
   if (kv_fp8) {
     check_fp8_pool(k_buf);
-    TORCH_CHECK(k_scale > 0 && v_scale > 0, "k_scale and v_scale must be positive");
+    TORCH_CHECK(a.k_scale > 0 && a.v_scale > 0, "k_scale and v_scale must be positive");
   } else {
     check_rows(k_buf, "k_buffer", kHeadDimQK, dtype);
     check_rows(v_buf, "v_buffer", kHeadDimV, dtype);
@@ -155,11 +183,11 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.v_buf = v_buf.data_ptr();
   p.v_buf_stride = v_buf.stride(0);
   p.kv_fp8 = kv_fp8;
-  p.k_scale = static_cast<float>(k_scale);
-  p.v_scale = static_cast<float>(v_scale);
-  p.fp8_triton = kv_fp8 && fp8_triton;
-  p.kv_indices = kv_indices.numel() > 0 ? kv_indices.data_ptr() : nullptr;
-  p.kv_indices_64 = is_index_64(kv_indices, "kv_indices");
+  p.k_scale = static_cast<float>(a.k_scale);
+  p.v_scale = static_cast<float>(a.v_scale);
+  p.fp8_triton = kv_fp8 && a.fp8_triton;
+  p.kv_indices = a.kv_indices.numel() > 0 ? a.kv_indices.data_ptr() : nullptr;
+  p.kv_indices_64 = is_index_64(a.kv_indices, "kv_indices");
   // V is read from the K tile in shared memory when it is the first 512 columns of the same rows.
   p.separate_v_buf = !(v_buf.data_ptr() == k_buf.data_ptr() && v_buf.stride(0) == k_buf.stride(0));
   p.separate_v_ext = !(v_ext.data_ptr() == k_ext.data_ptr() && v_ext.stride(0) == k_ext.stride(0));
@@ -175,11 +203,11 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_ext, const torch::Ten
   p.lse = lse.data_ptr<float>();
   p.lse_stride_tok = lse.stride(0);
   p.lse_stride_head = lse.stride(1);
-  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
-  p.batch = static_cast<int>(batch);
+  p.scale_log2 = static_cast<float>(a.sm_scale * 1.4426950408889634);
+  p.batch = static_cast<int>(a.batch);
   p.num_heads = static_cast<int>(q.size(1));
   p.total_q = static_cast<int>(q.size(0));
-  attach_workspace(p, workspace, offsets, slots, max_splits);
+  attach_workspace(p, a.workspace, a.offsets, a.num_tile_slots, a.max_splits);
   const auto kind = dtype == torch::kBFloat16 ? kdtree::DType::kBF16 : kdtree::DType::kFP16;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   kdtree::launch_attention(p, kind, stream);
@@ -197,7 +225,28 @@ int64_t ctas_per_sm(bool bf16) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "kdtree MLA tree-verify attention CUDA kernels";
   m.def("plan", &plan, "launch the plan kernel (per forward)");
-  m.def("attend", &attend, "launch attention (+ combine) with a planned workspace");
+  py::class_<AttendArgs>(m, "AttendArgs", "the arguments of attend(), set by name")
+      .def(py::init<>())
+      .def_readwrite("q", &AttendArgs::q)
+      .def_readwrite("k_extend", &AttendArgs::k_extend)
+      .def_readwrite("v_extend", &AttendArgs::v_extend)
+      .def_readwrite("k_buffer", &AttendArgs::k_buffer)
+      .def_readwrite("v_buffer", &AttendArgs::v_buffer)
+      .def_readwrite("kv_indices", &AttendArgs::kv_indices)
+      .def_readwrite("custom_mask", &AttendArgs::custom_mask)
+      .def_readwrite("out", &AttendArgs::out)
+      .def_readwrite("lse", &AttendArgs::lse)
+      .def_readwrite("workspace", &AttendArgs::workspace)
+      .def_readwrite("offsets", &AttendArgs::offsets)
+      .def_readwrite("batch", &AttendArgs::batch)
+      .def_readwrite("num_tile_slots", &AttendArgs::num_tile_slots)
+      .def_readwrite("max_splits", &AttendArgs::max_splits)
+      .def_readwrite("sm_scale", &AttendArgs::sm_scale)
+      .def_readwrite("k_scale", &AttendArgs::k_scale)
+      .def_readwrite("v_scale", &AttendArgs::v_scale)
+      .def_readwrite("fp8_triton", &AttendArgs::fp8_triton);
+  m.def("attend", &attend, py::arg("args"),
+        "launch attention (+ combine) with a planned workspace");
   m.def("ctas_per_sm", &ctas_per_sm, "resident attention CTAs per SM");
   m.attr("BLOCK_M") = kBlockM;
   m.attr("HEAD_DIM_QK") = kHeadDimQK;

@@ -103,24 +103,18 @@ def verify_attention_cuda(
             f"plan: made for batch {plan.batch_size}, {plan.num_heads} heads, "
             f"{plan.total_tokens} tokens; called with {batch_size}, {q.shape[1]}, {q.shape[0]}"
         )
+    ext = load()
+    args = ext.AttendArgs()
+    args.q, args.k_extend, args.v_extend = q, k_extend, v_extend
+    args.k_buffer, args.v_buffer = k_buffer, v_buffer
+    args.kv_indices = metadata.kv_indices
     mask = metadata.custom_mask
-    load().attend(
-        q,
-        k_extend,
-        v_extend,
-        k_buffer,
-        v_buffer,
-        metadata.kv_indices,
-        mask.view(torch.uint8) if mask is not None else None,
-        out,
-        lse,
-        plan.workspace,
-        plan.layout.offsets(),
-        metadata.sm_scale,
-        batch_size,
-        plan.num_tile_slots,
-        plan.max_splits,
-        float(k_scale),
-        float(v_scale),
-        fp8_numerics == "triton",
-    )
+    args.custom_mask = mask.view(torch.uint8) if mask is not None else None
+    args.out, args.lse = out, lse
+    args.workspace, args.offsets = plan.workspace, plan.layout.offsets()
+    args.batch = batch_size
+    args.num_tile_slots, args.max_splits = plan.num_tile_slots, plan.max_splits
+    args.sm_scale = metadata.sm_scale
+    args.k_scale, args.v_scale = float(k_scale), float(v_scale)
+    args.fp8_triton = fp8_numerics == "triton"
+    ext.attend(args)
