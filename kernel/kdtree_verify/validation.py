@@ -132,6 +132,22 @@ def validate_layer(
     indptr arrays start at 0 and never decrease, qo/kv/mask extents match the tensors they index,
     and every kv index lies inside the pool. On CPU tensors these checks always run.
     """
+    total_tokens, num_heads = _check_q(q)
+    device = q.device
+    _check_kv_shapes(total_tokens, k_extend, v_extend, k_buffer, v_buffer)
+    fp8_pool = _check_kv_dtypes_and_devices(q, k_extend, v_extend, k_buffer, v_buffer)
+    for name, t in metadata.named_tensors():
+        if t.device != device:
+            _fail(name, f"is on {t.device} but q is on {device}")
+    _check_scales(k_scale, v_scale, fp8_numerics, fp8_pool)
+
+    if check_values or device.type == "cpu":
+        _check_values(metadata, total_tokens, k_buffer.shape[0])
+    return VerifyShape(metadata.batch_size, total_tokens, num_heads, k_buffer.shape[0])
+
+
+def _check_q(q: torch.Tensor) -> tuple[int, int]:
+    """q is [T_total, H, 576], float, contiguous in its last dim; returns (T_total, H)."""
     _check_rank(q, "q", 3, f"[T_total, H, {QK_DIM}]")
     total_tokens, num_heads, qk_dim = q.shape
     if qk_dim != QK_DIM:
@@ -141,8 +157,17 @@ def validate_layer(
     if q.dtype not in FLOAT_DTYPES:
         _fail("q", f"dtype must be one of float32/bfloat16/float16, got {q.dtype}")
     _check_last_dim_contiguous(q, "q")
-    device = q.device
+    return total_tokens, num_heads
 
+
+def _check_kv_shapes(
+    total_tokens: int,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+) -> None:
+    """The draft KV has q's tokens; the pool one latent KV head, K and V of one size."""
     for name, t, dim in (
         ("k_extend", k_extend, QK_DIM),
         ("v_extend", v_extend, V_DIM),
@@ -163,6 +188,16 @@ def validate_layer(
         _fail(
             "v_buffer", f"pool size {v_buffer.shape[0]} differs from k_buffer's {k_buffer.shape[0]}"
         )
+
+
+def _check_kv_dtypes_and_devices(
+    q: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+) -> bool:
+    """Dtypes (the draft KV in q's, the pool in q's or fp8), q's device; whether the pool is fp8."""
     fp8_pool = k_buffer.dtype == FP8_KV_DTYPE
     pool_dtype = FP8_KV_DTYPE if fp8_pool else q.dtype
     for name, t, dtype in (
@@ -177,13 +212,13 @@ def validate_layer(
                 f"dtype {t.dtype} differs from {dtype} (the pool is in q's dtype {q.dtype} or "
                 "float8_e4m3fn; the draft KV always in q's dtype)",
             )
-        if t.device != device:
-            _fail(name, f"is on {t.device} but q is on {device}")
+        if t.device != q.device:
+            _fail(name, f"is on {t.device} but q is on {q.device}")
         _check_last_dim_contiguous(t, name)
-    for name, t in metadata.named_tensors():
-        if t.device != device:
-            _fail(name, f"is on {t.device} but q is on {device}")
+    return fp8_pool
 
+
+def _check_scales(k_scale: float, v_scale: float, fp8_numerics: str, fp8_pool: bool) -> None:
     for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not (isinstance(value, float | int) and 0 < value < float("inf")):
             _fail(name, f"must be a positive finite number, got {value!r}")
@@ -193,10 +228,6 @@ def validate_layer(
         _fail("fp8_numerics", f"must be one of {', '.join(FP8_NUMERICS)}, got {fp8_numerics!r}")
     if fp8_pool and v_scale > FP8_MAX_V_SCALE:
         _fail("v_scale", f"must be <= {FP8_MAX_V_SCALE} with an fp8 pool (P x v_scale is fp16)")
-
-    if check_values or device.type == "cpu":
-        _check_values(metadata, total_tokens, k_buffer.shape[0])
-    return VerifyShape(metadata.batch_size, total_tokens, num_heads, k_buffer.shape[0])
 
 
 def _check_indptr(
