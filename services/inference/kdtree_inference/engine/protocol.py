@@ -156,19 +156,58 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
     return [value] * count
 
 
-def build_requests(
-    req: GenerateRequestModel, config: EngineConfig, tokenizer: ByteTokenizer
-) -> tuple[list[GenerationRequest], bool]:
-    """Engine requests for one /generate body, and whether the body was a batch."""
+def _prompts(req: GenerateRequestModel, tokenizer: ByteTokenizer) -> tuple[list[list[int]], bool]:
+    """The body's prompts as token ids, and whether the body was a batch."""
     if (req.text is None) == (req.input_ids is None):
         raise RequestError("Either text or input_ids should be provided (exactly one).")
     if req.text is not None:
         is_batch = isinstance(req.text, list)
         texts = req.text if is_batch else [req.text]
-        prompts = [tokenizer.encode(t) for t in texts]
-    else:
-        is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
-        prompts = req.input_ids if is_batch else [req.input_ids]
+        return [tokenizer.encode(t) for t in texts], is_batch
+    is_batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+    return (req.input_ids if is_batch else [req.input_ids]), is_batch
+
+
+def _check_prompt(prompt: list[int], config: EngineConfig) -> None:
+    if not prompt:
+        raise RequestError("the prompt is empty")
+    if len(prompt) > config.max_prompt_tokens:
+        raise RequestError(
+            f"prompt has {len(prompt)} tokens, the limit is {config.max_prompt_tokens}"
+        )
+    vocab = config.model.vocab_size
+    if any(not 0 <= t < vocab for t in prompt):
+        raise RequestError(f"input_ids must be in [0, {vocab - 1}]")
+
+
+def _max_new_tokens(requested: int | None, prompt_len: int, config: EngineConfig) -> int:
+    """The generation length: the one asked for (or the limit), within the limit and context."""
+    max_new = requested if requested is not None else config.max_new_tokens_limit
+    if max_new > config.max_new_tokens_limit:
+        raise RequestError(
+            f"max_new_tokens={max_new} exceeds the limit of {config.max_new_tokens_limit}"
+        )
+    if prompt_len + max_new >= config.model.max_position:
+        raise RequestError(
+            f"prompt + max_new_tokens = {prompt_len + max_new} exceeds the model's context "
+            f"of {config.model.max_position}"
+        )
+    return max_new
+
+
+def _request_id(req: GenerateRequestModel, rids: list[Any] | None, i: int, count: int) -> str:
+    if rids is not None:
+        return rids[i]
+    if req.rid is not None:
+        return req.rid if count == 1 else f"{req.rid}_{i}"
+    return f"req-{next(_rid_counter)}"
+
+
+def build_requests(
+    req: GenerateRequestModel, config: EngineConfig, tokenizer: ByteTokenizer
+) -> tuple[list[GenerationRequest], bool]:
+    """Engine requests for one /generate body, and whether the body was a batch."""
+    prompts, is_batch = _prompts(req, tokenizer)
     count = len(prompts)
     if count == 0:
         raise RequestError("empty batch")
@@ -188,27 +227,9 @@ def build_requests(
     vocab = config.model.vocab_size
     out = []
     for i, prompt in enumerate(prompts):
-        if not prompt:
-            raise RequestError("the prompt is empty")
-        if len(prompt) > config.max_prompt_tokens:
-            raise RequestError(
-                f"prompt has {len(prompt)} tokens, the limit is {config.max_prompt_tokens}"
-            )
-        if any(not 0 <= t < vocab for t in prompt):
-            raise RequestError(f"input_ids must be in [0, {vocab - 1}]")
+        _check_prompt(prompt, config)
         sp = parse_sampling_params(params[i], vocab)
-        max_new = (
-            sp.max_new_tokens if sp.max_new_tokens is not None else config.max_new_tokens_limit
-        )
-        if max_new > config.max_new_tokens_limit:
-            raise RequestError(
-                f"max_new_tokens={max_new} exceeds the limit of {config.max_new_tokens_limit}"
-            )
-        if len(prompt) + max_new >= config.model.max_position:
-            raise RequestError(
-                f"prompt + max_new_tokens = {len(prompt) + max_new} exceeds the model's context "
-                f"of {config.model.max_position}"
-            )
+        max_new = _max_new_tokens(sp.max_new_tokens, len(prompt), config)
         top_n = int(top_nums[i])
         if not 0 <= top_n <= vocab:
             raise RequestError(f"top_logprobs_num must be in [0, {vocab}], got {top_n}")
@@ -217,16 +238,10 @@ def build_requests(
             raise RequestError(
                 f"logprob_start_len={start} is higher than the number of input tokens {len(prompt)}"
             )
-        if rids is not None:
-            rid = rids[i]
-        elif req.rid is not None:
-            rid = req.rid if count == 1 else f"{req.rid}_{i}"
-        else:
-            rid = f"req-{next(_rid_counter)}"
         stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
         out.append(
             GenerationRequest(
-                rid=rid,
+                rid=_request_id(req, rids, i, count),
                 input_ids=list(prompt),
                 max_new_tokens=max_new,
                 temperature=sp.temperature,
