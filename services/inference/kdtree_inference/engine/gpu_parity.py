@@ -87,7 +87,7 @@ def _accept(results: list[GenerationResult]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="op vs triton greedy parity of the reference engine")
     p.add_argument("--prompts", type=int, default=100)
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -98,14 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=16, help="requests decoded together")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results/engine_gpu_parity.json")
-    args = p.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("gpu_parity: no CUDA device; this script is for the GPU machine", file=sys.stderr)
-        return ExitCode.REFUSED
-    if args.prompts < 1:
-        p.error("--prompts must be >= 1")
-    texts = prompts(args.prompts)
-    spec = SpecConfig(num_draft_tokens=args.num_draft_tokens, topk=args.topk)
+    return p
+
+
+def _run_engines(
+    args: argparse.Namespace, texts: list[str], spec: SpecConfig
+) -> dict[str, tuple[list[GenerationResult], float]]:
+    """The corpus through triton, op (both speculative) and op plain greedy: (results, seconds)."""
 
     def config(attention: str, spec_config: SpecConfig) -> EngineConfig:
         return EngineConfig(
@@ -126,9 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {name} over {len(texts)} prompts ...", flush=True)
         runs[name] = run_corpus(config(attention, spec_config), texts, args.max_new_tokens)
         print(f"  {runs[name][1]:.1f}s", flush=True)
+    return runs
+
+
+def _report(
+    args: argparse.Namespace,
+    texts: list[str],
+    spec: SpecConfig,
+    runs: dict[str, tuple[list[GenerationResult], float]],
+) -> dict:
     op_vs_triton = diff_runs(texts, runs["op"][0], runs["triton"][0])
     spec_vs_plain = diff_runs(texts, runs["op"][0], runs["op_plain"][0])
-    report = {
+    return {
         "what": "reference engine greedy outputs: op (kdtree verify kernel) vs triton "
         "(SGLang extend_attention_fwd); left = op, right = triton / op plain greedy; "
         f"a divergence is a near-tie when either side's top-1/top-2 gap there is < {NEAR_TIE}",
@@ -158,14 +166,28 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": {name: run[1] for name, run in runs.items()},
         "acceptance": {name: _accept(run[0]) for name, run in runs.items()},
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_parity: no CUDA device; this script is for the GPU machine", file=sys.stderr)
+        return ExitCode.REFUSED
+    if args.prompts < 1:
+        p.error("--prompts must be >= 1")
+    texts = prompts(args.prompts)
+    spec = SpecConfig(num_draft_tokens=args.num_draft_tokens, topk=args.topk)
+    report = _report(args, texts, spec, _run_engines(args, texts, spec))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: report[k] for k in ("device", "dtype", "prompts")}))
     print(
-        f"op vs triton: {len(op_vs_triton)}/{len(texts)} prompts differ "
+        f"op vs triton: {report['op_vs_triton']['differing_prompts']}/{len(texts)} prompts differ "
         f"({report['op_vs_triton']['hard_divergences']} hard); "
-        f"op speculative vs plain: {len(spec_vs_plain)} differ; written to {out}"
+        f"op speculative vs plain: {report['op_speculative_vs_plain']['differing_prompts']} differ; "
+        f"written to {out}"
     )
     return ExitCode.OK
 
