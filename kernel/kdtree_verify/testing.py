@@ -8,7 +8,7 @@ the draft tree as SGLang's flat ``custom_mask`` (or ``None`` for a causal draft 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -167,29 +167,14 @@ def make_case(
         [0, *torch.tensor(list(prefix_lens)).cumsum(0).tolist()], dtype=torch.int64
     )
 
-    if mask == "causal":
-        custom_mask, mask_indptr = None, None
-    else:
-        make_parents = chain_parents if mask == "chain" else lambda n: random_tree_parents(n, gen)
-        visibilities = [tree_visibility(make_parents(num_draft)) for _ in range(batch_size)]
-        custom_mask, mask_indptr = flat_custom_mask(prefix_lens, visibilities, mask_dtype)
+    custom_mask, mask_indptr = _case_mask(prefix_lens, num_draft, mask, mask_dtype, gen)
 
     def put(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=dtype)
 
-    k_extend = put(k_extend)
-    if fp8:
-        # SGLang: k.clone().div_(k_scale) in the model dtype, then the pool's cast to e4m3.
-        k_buffer = (put(k_buffer) / k_scale).to(torch.float8_e4m3fn)
-        v_buffer_full = None  # the CUDA kernel reads an fp8 pool's V from its K rows
-    else:
-        k_buffer = put(k_buffer)
-    if v_buffer_full is None:
-        v_buffer = k_buffer[..., :V_DIM]
-        v_extend = k_extend[..., :V_DIM]
-    else:
-        v_buffer = put(v_buffer_full)
-        v_extend = k_extend[..., :V_DIM].contiguous()
+    k_extend, v_extend, k_buffer, v_buffer = _place_kv(
+        put(k_extend), put(k_buffer), v_buffer_full, put, k_scale if fp8 else None
+    )
     return VerifyCase(
         q=put(q),
         k_extend=k_extend,
@@ -209,6 +194,39 @@ def make_case(
         k_scale=k_scale if fp8 else 1.0,
         v_scale=v_scale if fp8 else 1.0,
     )
+
+
+def _case_mask(
+    prefix_lens: Sequence[int],
+    num_draft: int,
+    mask: MaskKind,
+    mask_dtype: torch.dtype,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(custom_mask, mask_indptr) of a case: none for causal, else one tree (or chain) a request."""
+    if mask == "causal":
+        return None, None
+    make_parents = chain_parents if mask == "chain" else lambda n: random_tree_parents(n, gen)
+    visibilities = [tree_visibility(make_parents(num_draft)) for _ in prefix_lens]
+    return flat_custom_mask(prefix_lens, visibilities, mask_dtype)
+
+
+def _place_kv(
+    k_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer_full: torch.Tensor | None,
+    put: Callable[[torch.Tensor], torch.Tensor],
+    fp8_k_scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k_extend, v_extend, k_buffer, v_buffer) as the case stores them: V the first columns of
+    K's rows, or (``v_buffer_full``) a separate copy; an fp8 pool scaled by ``fp8_k_scale``."""
+    if fp8_k_scale is not None:
+        # SGLang: k.clone().div_(k_scale) in the model dtype, then the pool's cast to e4m3.
+        k_buffer = (k_buffer / fp8_k_scale).to(torch.float8_e4m3fn)
+        v_buffer_full = None  # the CUDA kernel reads an fp8 pool's V from its K rows
+    if v_buffer_full is None:
+        return k_extend, k_extend[..., :V_DIM], k_buffer, k_buffer[..., :V_DIM]
+    return k_extend, k_extend[..., :V_DIM].contiguous(), k_buffer, put(v_buffer_full)
 
 
 def sglang_extend_attention(
