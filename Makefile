@@ -24,7 +24,7 @@ $(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.t
 lint: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
-## config-table: regenerate README.md's configuration tables from the settings models' field descriptions
+## config-table: regenerate the configuration tables (README.md, docs/parity.md) from the models' field descriptions
 config-table: setup
 	$(PY) scripts/config_table.py
 
