@@ -17,7 +17,7 @@ help:
 
 ## setup: create .venv with torch, sglang (no-deps + light imports), dev tools, kdtree packages
 setup: $(VENV)/.setup-done
-$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml bench/pyproject.toml
+$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt lib/settings/pyproject.toml kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml bench/pyproject.toml
 	VENV=$(VENV) scripts/setup_venv.sh
 
 ## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
