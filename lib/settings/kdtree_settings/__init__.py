@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
@@ -28,6 +28,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 __all__ = ["EnvSettings", "SettingsError", "expectation", "on_off"]
+
+_Settings = TypeVar("_Settings", bound="EnvSettings")  # Python 3.10 has no typing.Self
 
 
 class SettingsError(ValueError):
@@ -72,7 +74,7 @@ class EnvSettings(BaseSettings):
         return str(cls.model_config.get("env_prefix", "")) + field_name.upper()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+    def from_env(cls: type[_Settings], env: Mapping[str, str] | None = None) -> _Settings:
         """Every setting from ``env`` (default: the process environment) and nothing else;
         ``error_type`` names every bad variable, one a line."""
         try:
@@ -87,8 +89,15 @@ class EnvSettings(BaseSettings):
     def refusal(cls, error: ValidationError) -> SettingsError:
         """The :class:`SettingsError` for ``error``: one line per bad variable, in field order."""
         lines: dict[str, str] = {}
+        # an error's location is the field's alias where it has one
+        names = {
+            field.validation_alias: name
+            for name, field in cls.model_fields.items()
+            if isinstance(field.validation_alias, str)
+        }
         for detail in error.errors():
             name = str(detail["loc"][0]) if detail["loc"] else ""
+            name = names.get(name, name)
             if name in cls.model_fields and name not in lines:
                 lines[name] = cls._line(name, detail)
         order = [name for name in cls.model_fields if name in lines]
