@@ -105,3 +105,22 @@ def test_the_packages_speak_the_dialect() -> None:
     assert ParitySettings.from_env({"KDTREE_PARITY_BASELINE_URL": " "}).baseline_url == (
         "http://127.0.0.1:30001"
     )
+
+
+def test_the_engine_config_speaks_the_dialect_with_the_same_defaults() -> None:
+    from kdtree_inference.engine.config import EngineConfig, EngineConfigError
+
+    config = EngineConfig()
+    assert (config.attention, config.dtype, config.kv_pool_size) == ("reference", "float32", 32768)
+    assert EngineConfig.max_batch_size == 16  # the CLI's defaults come from the class
+    assert "api_key" not in repr(EngineConfig(api_key="secret"))
+    with pytest.raises(EngineConfigError) as refused:
+        EngineConfig(attention="flash", attention_kv_splits=0, decode_step_delay_s=-1)
+    assert str(refused.value).splitlines() == [
+        "attention='flash': expected one of reference|op|triton|validate",
+        "attention_kv_splits=0: expected an integer >= 1",
+        "decode_step_delay_s=-1: expected a non-negative number",
+    ]
+    assert isinstance(refused.value, ValueError)
+    with pytest.raises(EngineConfigError, match="needs the reference attention backend"):
+        EngineConfig(attention="op", attention_kv_splits=2)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import ValidationError, ValidationInfo, field_validator
@@ -27,7 +27,7 @@ from pydantic_core import ErrorDetails, PydanticUseDefault
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
-__all__ = ["EnvSettings", "SettingsError", "expectation", "on_off"]
+__all__ = ["EnvSettings", "SettingsError", "expectation", "on_off", "refusal_text"]
 
 _Settings = TypeVar("_Settings", bound="EnvSettings")  # Python 3.10 has no typing.Self
 
@@ -88,30 +88,41 @@ class EnvSettings(BaseSettings):
     @classmethod
     def refusal(cls, error: ValidationError) -> SettingsError:
         """The :class:`SettingsError` for ``error``: one line per bad variable, in field order."""
-        lines: dict[str, str] = {}
-        # an error's location is the field's alias where it has one
-        names = {
-            field.validation_alias: name
-            for name, field in cls.model_fields.items()
-            if isinstance(field.validation_alias, str)
-        }
-        for detail in error.errors():
-            name = str(detail["loc"][0]) if detail["loc"] else ""
-            name = names.get(name, name)
-            if name in cls.model_fields and name not in lines:
-                lines[name] = cls._line(name, detail)
-        order = [name for name in cls.model_fields if name in lines]
-        return cls.error_type("\n".join(lines[name] for name in order) or str(error))
+        return cls.error_type(refusal_text(error, cls.model_fields, cls.env_var))
 
-    @classmethod
-    def _line(cls, name: str, detail: ErrorDetails) -> str:
-        variable = cls.env_var(name)
-        if detail["type"] == "value_error":  # a validator's own refusal
-            message = str(detail.get("ctx", {}).get("error", detail["msg"]))
-            if message.startswith(variable):  # it names the variable already
-                return message
-            return f"{variable}={detail['input']!r}: {message}"
-        return f"{variable}={detail['input']!r}: expected {expectation(cls.model_fields[name])}"
+
+def refusal_text(
+    error: ValidationError, fields: Mapping[str, FieldInfo], name: Callable[[str], str]
+) -> str:
+    """``error`` in the dialect: one line per bad field, in field order, each ``NAME='value':
+    expected ...`` (or a validator's own message). ``name`` spells a field's name (for settings,
+    its variable); a model that is not read from the environment passes the identity."""
+    lines: dict[str, str] = {}
+    # an error's location is the field's alias where it has one
+    aliases = {
+        field.validation_alias: key
+        for key, field in fields.items()
+        if isinstance(field.validation_alias, str)
+    }
+    problems = []
+    for detail in error.errors():
+        key = str(detail["loc"][0]) if detail["loc"] else ""
+        key = aliases.get(key, key)
+        if key in fields and key not in lines:
+            lines[key] = _line(name(key), fields[key], detail)
+        elif key not in fields:  # a check of several fields: its own message
+            problems.append(str(detail.get("ctx", {}).get("error", detail["msg"])))
+    ordered = [lines[key] for key in fields if key in lines]
+    return "\n".join(ordered + problems) or str(error)
+
+
+def _line(variable: str, field: FieldInfo, detail: ErrorDetails) -> str:
+    if detail["type"] == "value_error":  # a validator's own refusal
+        message = str(detail.get("ctx", {}).get("error", detail["msg"]))
+        if message.startswith(variable):  # it names the variable already
+            return message
+        return f"{variable}={detail['input']!r}: {message}"
+    return f"{variable}={detail['input']!r}: expected {expectation(field)}"
 
 
 def _bound(field: FieldInfo, attribute: str) -> Any:
