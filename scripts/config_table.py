@@ -75,6 +75,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("inference", "kdtree_inference.settings:InferenceSettings"),
     Section("promote", "kdtree_parity.promote.settings:PromoteSettings"),
     Section("parity", "kdtree_parity.settings:ParitySettings"),
+    Section("kernel-build", "kdtree_verify._settings:BuildSettings"),
 )
 
 # docs/parity.md's generated tables.

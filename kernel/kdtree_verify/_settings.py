@@ -51,24 +51,33 @@ class BuildSettings(EnvSettings):
     cuda_archs: str = Field(
         DEFAULT_ARCHS,
         validation_alias="KDTREE_CUDA_ARCHS",
-        description="SM versions to compile for, ';'-separated (unset: cuda_archs.txt)",
+        description="SM versions the CUDA extension is compiled for, ';'-separated; the "
+        "default is kernel/kdtree_verify/cuda_archs.txt, the one list, which make passes to the "
+        "image builds",
     )
     build_dir: Path | None = Field(
         None,
         validation_alias="KDTREE_BUILD_DIR",
-        description="where objects and the module go (unset: kernel/build/<tag> in a checkout, "
-        "$XDG_CACHE_HOME/kdtree-verify/<tag> for an installed package)",
+        description="where the extension's objects and module go; unset: "
+        "`kernel/build/torch<version>` in a checkout, "
+        "`$XDG_CACHE_HOME/kdtree-verify/torch<version>` for an installed package",
     )
     build_without_gpu: Annotated[bool, Strict(), BeforeValidator(_one_or_zero)] = Field(
         False,
         validation_alias="KDTREE_BUILD_WITHOUT_GPU",
-        description="`1`/`on`: build even where CUDA is not available (images, CI)",
+        description="`1` (or `on`) lets `make kernel` compile on a machine without a GPU",
     )
     xdg_cache_home: Path | None = Field(
-        None, validation_alias="XDG_CACHE_HOME", description="the user's cache directory"
+        None,
+        validation_alias="XDG_CACHE_HOME",
+        description="the user's cache directory (unset: `~/.cache`), under which an installed "
+        "package builds",
     )
     cuda_home: Path | None = Field(
-        None, validation_alias="CUDA_HOME", description="the CUDA toolkit (bin/nvcc, cuobjdump)"
+        None,
+        validation_alias="CUDA_HOME",
+        description="the CUDA toolkit, where `make ptxas` and `make sass` look for nvcc and "
+        "cuobjdump that PATH lacks",
     )
 
     @field_validator("cuda_archs")
