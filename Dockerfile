@@ -157,6 +157,7 @@ RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
         <kdtree-inference.pyproject.toml; } \
     | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --output-file serving-pins.txt \
     && printf '%s\n' "torch==${TORCH_VERSION}" "ninja==1.13.2" "setuptools==80.9.0" "wheel==0.45.1" \
+        pydantic pydantic-settings \
     | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --constraint serving-pins.txt \
         --output-file kernel-build-pins.txt \
     && wc -l serving-pins.txt kernel-build-pins.txt
@@ -170,7 +171,8 @@ RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
     /opt/uv/bin/uv-pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
-# What the kernel's build needs besides: torch with its own dependencies, ninja, setuptools.
+# What the kernel's build needs besides: torch with its own dependencies, ninja, setuptools, and
+# pydantic-settings (kdtree-settings reads the build's environment), at serving-pins.txt's versions.
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
     /opt/uv/bin/uv-pip install --no-deps -r kernel-build-pins.txt
