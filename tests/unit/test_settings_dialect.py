@@ -4,6 +4,9 @@ given mapping, blank is unset, and refusals name every bad variable and what it 
 from __future__ import annotations
 
 import enum
+import os
+import subprocess
+import sys
 from typing import Annotated, ClassVar, Literal
 
 import kdtree_settings
@@ -124,3 +127,18 @@ def test_the_engine_config_speaks_the_dialect_with_the_same_defaults() -> None:
     assert isinstance(refused.value, ValueError)
     with pytest.raises(EngineConfigError, match="needs the reference attention backend"):
         EngineConfig(attention="op", attention_kv_splits=2)
+
+
+def test_the_dialect_and_the_parity_settings_import_no_torch() -> None:
+    code = (
+        "import sys, kdtree_settings, kdtree_parity.settings; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    path = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": path},
+    )
+    assert done.returncode == 0, done.stderr
