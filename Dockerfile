@@ -157,6 +157,7 @@ RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
         <kdtree-inference.pyproject.toml; } \
     | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --output-file serving-pins.txt \
     && printf '%s\n' "torch==${TORCH_VERSION}" "ninja==1.13.2" "setuptools==80.9.0" "wheel==0.45.1" \
+        pydantic pydantic-settings \
     | /opt/uv/bin/uv-pip compile - --no-header --no-annotate --constraint serving-pins.txt \
         --output-file kernel-build-pins.txt \
     && wc -l serving-pins.txt kernel-build-pins.txt
@@ -170,7 +171,8 @@ RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
     /opt/uv/bin/uv-pip install --no-deps $(grep -iE '^(nvidia-|cuda-)' serving-pins.txt)
-# What the kernel's build needs besides: torch with its own dependencies, ninja, setuptools.
+# What the kernel's build needs besides: torch with its own dependencies, ninja, setuptools, and
+# pydantic-settings (kdtree-settings reads the build's environment), at serving-pins.txt's versions.
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
     /opt/uv/bin/uv-pip install --no-deps -r kernel-build-pins.txt
@@ -197,9 +199,10 @@ COPY requirements/ requirements/
 COPY services/inference/pyproject.toml services/inference/pyproject.toml
 COPY services/parity/pyproject.toml services/parity/pyproject.toml
 COPY bench/pyproject.toml bench/pyproject.toml
+COPY lib/settings/ lib/settings/
 COPY kernel/ kernel/
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install --no-deps --no-build-isolation ./kernel \
+    pip install --no-deps --no-build-isolation ./kernel ./lib/settings \
     && touch "${VENV}/.setup-done" \
     && KDTREE_BUILD_WITHOUT_GPU=1 MAX_JOBS=4 make kernel \
     && rm -rf kernel \
@@ -236,10 +239,11 @@ ARG CUDA_SOURCE
 ENV KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS}
 RUN --mount=type=bind,from=kernel-build,source=/opt/kdtree/kernel.tar,target=/tmp/kernel.tar \
     tar --extract --file /tmp/kernel.tar --directory /
+COPY lib/settings/ /opt/kdtree/lib/settings/
 COPY services/inference/ /opt/kdtree/services/inference/
 # The op takes a lock in KDTREE_BUILD_DIR when it loads the extension: writable by the runtime user.
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked \
-    pip install /opt/kdtree/services/inference \
+    pip install /opt/kdtree/lib/settings /opt/kdtree/services/inference \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && chown -R 10001 /opt/kdtree/kernel-build
 # Labels last: VCS_REF changes with every revision, and an ARG declared above a RUN
@@ -282,8 +286,9 @@ ARG PIP_FIND_LINKS
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
+COPY lib/settings/ /opt/kdtree/lib/settings/
 COPY services/parity/ /opt/kdtree/services/parity/
-RUN pip install /opt/kdtree/services/parity \
+RUN pip install /opt/kdtree/lib/settings /opt/kdtree/services/parity \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree \
     && mkdir -p /reports && chown kdtree /reports
 # Labels last, as in the inference stage.
@@ -323,12 +328,13 @@ RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     echo "torch==${DEMO_TORCH_VERSION:-${TORCH_VERSION}}" >/opt/torch-override.txt \
     && PIP_INDEX_URL="${TORCH_INDEX_URL}" /opt/uv/bin/uv-pip install --system \
        --requirement /opt/torch-override.txt
+COPY lib/settings/ /opt/kdtree/lib/settings/
 COPY kernel/ /opt/kdtree/kernel/
 COPY services/inference/ /opt/kdtree/services/inference/
 RUN --mount=type=bind,from=uv,source=/opt/uv,target=/opt/uv \
     --mount=type=cache,target=/root/.cache/uv,sharing=shared \
     /opt/uv/bin/uv-pip install --system --override /opt/torch-override.txt \
-       /opt/kdtree/kernel /opt/kdtree/services/inference \
+       /opt/kdtree/lib/settings /opt/kdtree/kernel /opt/kdtree/services/inference \
     && rm /opt/torch-override.txt \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin kdtree
 # Labels last, as in the inference stage.

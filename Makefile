@@ -17,14 +17,14 @@ help:
 
 ## setup: create .venv with torch, sglang (no-deps + light imports), dev tools, kdtree packages
 setup: $(VENV)/.setup-done
-$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml bench/pyproject.toml
+$(VENV)/.setup-done: scripts/setup_venv.sh requirements/*.txt lib/settings/pyproject.toml kernel/pyproject.toml services/inference/pyproject.toml services/parity/pyproject.toml bench/pyproject.toml
 	VENV=$(VENV) scripts/setup_venv.sh
 
 ## lint: every static check of .pre-commit-config.yaml over the tree (ruff, clang-format, shellcheck, hadolint, the compose and workflow schemas, actionlint)
 lint: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
-## config-table: regenerate README.md's configuration tables from the settings models' field descriptions
+## config-table: regenerate the configuration tables (README.md, docs/parity.md) from the models' field descriptions
 config-table: setup
 	$(PY) scripts/config_table.py
 

@@ -21,7 +21,7 @@ what=${1:-all}
 OUT=${OUT:-bench/results/run}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/kernel:$PWD/services/inference:$PWD/bench
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/lib/settings:$PWD/kernel:$PWD/services/inference:$PWD/bench
 export KDTREE_CUDA_ARCHS=${KDTREE_CUDA_ARCHS:-$(python3 -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')}
 rc=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"

@@ -84,7 +84,7 @@ say "installing kdtree-verify, kdtree-inference, kdtree-parity from this tree"
 extra_wheels=(.sglsite/wheels/*.whl)
 [ -e "${extra_wheels[0]}" ] || { say "no .sglsite/wheels: see docs/development.md" >&2; exit 2; }
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$site" \
-  "${extra_wheels[@]}" ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
+  "${extra_wheels[@]}" ./lib/settings ./kernel ./services/inference ./services/parity 2>&1 | grep -v "already exists" || true
 export PYTHONPATH=$site PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
 # DFlash's sampling verify needs FlashInfer's sampling kernels, which the payload never has
 # (FlashInfer, when carried, serves attention only): bench/without_flashinfer marks it unavailable.

@@ -19,7 +19,7 @@ step "sglang 0.5.23 (--no-deps) and the light packages its attention code import
 step "development tools"
 "${pip[@]}" -r requirements/dev.txt
 step "kdtree packages (editable)"
-"${pip[@]}" --no-deps --no-build-isolation -e kernel -e services/inference -e services/parity -e bench
+"${pip[@]}" --no-deps --no-build-isolation -e lib/settings -e kernel -e services/inference -e services/parity -e bench
 step "chromium (the parity report's HTML is checked in headless Chromium by the tests)"
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
   echo "present: $(command -v chromium || command -v chromium-browser)"

@@ -4,12 +4,14 @@ The pure-Python package installs without nvcc or a GPU; the extension is compile
 (or ahead of time by ``make kernel`` / ``python -m kdtree_verify._build``) into a build directory
 keyed by the torch version, so one checkout can serve several environments.
 
-Environment:
+Environment (read through ``_settings.BuildSettings``, the shared settings dialect: unset, empty
+or blank is the default, and a bad value is refused naming the variable):
 - ``KDTREE_CUDA_ARCHS``: semicolon-separated SM versions to compile for (unset or empty: the list
   in ``cuda_archs.txt`` beside this module, the one source of the default).
 - ``KDTREE_BUILD_DIR``: where objects and the module go (default ``<repo>/kernel/build/<tag>`` in
   a checkout; ``$XDG_CACHE_HOME/kdtree-verify/<tag>``, i.e. ``~/.cache/...``, for an installed
   package, whose site-packages may not be writable).
+- ``KDTREE_BUILD_WITHOUT_GPU``: ``1`` (or ``on``) builds where CUDA is not available.
 
 The sources are ``kernel/csrc`` in a checkout (and an editable install) and ``kdtree_verify/csrc``
 in an installed wheel, which carries them for exactly this build.
@@ -17,10 +19,13 @@ in an installed wheel, which carries them for exactly this build.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from ._settings import ARCHS_FILE, DEFAULT_ARCHS, build_settings, parse_archs
+
+__all__ = ["ARCHS_FILE", "DEFAULT_ARCHS", "cuda_archs", "load", "parse_archs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCES = ("binding.cpp", "verify_kernel.cu")
@@ -35,24 +40,15 @@ def _find_csrc() -> tuple[Path, bool]:
 
 
 CSRC_DIR, IN_CHECKOUT = _find_csrc()
-ARCHS_FILE = PACKAGE_DIR / "cuda_archs.txt"
-DEFAULT_ARCHS = ARCHS_FILE.read_text().strip()
 EXTENSION_NAME = "kdtree_verify_cuda"
 
 _module: ModuleType | None = None
 
 
-def parse_archs(raw: str, what: str = "KDTREE_CUDA_ARCHS") -> list[str]:
-    """SM versions from a ';'- (or ',')-separated list, validated (``'80;90'`` -> ``['80', '90']``)."""
-    archs = [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
-    if not archs or not all(a.isdigit() for a in archs):
-        raise ValueError(f"{what}: expected e.g. {DEFAULT_ARCHS!r}, got {raw!r}")
-    return archs
-
-
 def cuda_archs() -> list[str]:
-    """SM versions from KDTREE_CUDA_ARCHS, or the default list (e.g. ``['80', '90', '120']``)."""
-    return parse_archs(os.environ.get("KDTREE_CUDA_ARCHS") or DEFAULT_ARCHS)
+    """SM versions from KDTREE_CUDA_ARCHS, or the default list (e.g. ``['80', '90', '120']``);
+    a bad list raises BuildSettingsError (a ValueError) naming the variable."""
+    return build_settings().archs
 
 
 def gencode_flags(archs: list[str]) -> list[str]:
@@ -97,13 +93,13 @@ def _toolkit_gaps(cuda_home: str) -> tuple[list[str], list[str]]:
 def build_dir() -> Path:
     import torch
 
+    settings = build_settings()
     tag = f"torch{torch.__version__.replace('+', '_')}"
     if IN_CHECKOUT:
         default = CSRC_DIR.parent / "build" / tag
     else:
-        cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        default = Path(cache) / "kdtree-verify" / tag
-    path = Path(os.environ.get("KDTREE_BUILD_DIR", default))
+        default = settings.cache_home / "kdtree-verify" / tag
+    path = settings.build_dir or default
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -116,7 +112,7 @@ def load(verbose: bool = False) -> ModuleType:
     import torch
     from torch.utils import cpp_extension
 
-    if not torch.cuda.is_available() and os.environ.get("KDTREE_BUILD_WITHOUT_GPU") != "1":
+    if not torch.cuda.is_available() and not build_settings().build_without_gpu:
         raise RuntimeError("kdtree_verify: CUDA is not available; the CUDA kernel cannot run here")
     if cpp_extension.CUDA_HOME is None:
         raise RuntimeError("kdtree_verify: nvcc not found (set CUDA_HOME) to build the kernel")

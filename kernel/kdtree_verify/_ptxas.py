@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ._build import CSRC_DIR, cuda_archs, nvcc_flags, parse_archs
+from ._settings import build_settings
 
 SM120_SMEM_LIMIT = 101_376
 REGISTER_FILE = 65_536
@@ -61,8 +61,9 @@ class KernelReport:
 def find_nvcc() -> str:
     """nvcc from PATH or CUDA_HOME; a clear error if neither has one."""
     nvcc = shutil.which("nvcc")
-    if nvcc is None and os.environ.get("CUDA_HOME"):
-        candidate = Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"
+    cuda_home = build_settings().cuda_home
+    if nvcc is None and cuda_home is not None:
+        candidate = cuda_home / "bin" / "nvcc"
         nvcc = str(candidate) if candidate.exists() else None
     if nvcc is None:
         raise RuntimeError("nvcc not found on PATH or in $CUDA_HOME/bin: the ptxas check needs it")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from . import _ptxas
 from ._build import cuda_archs, parse_archs
+from ._settings import build_settings
 
 _FUNCTION = re.compile(r"^\s*Function : (?P<name>\S+)", re.M)
 _INSTRUCTION = re.compile(r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);", re.M)
@@ -61,7 +61,8 @@ class LoopStats:
 
 def find_cuobjdump() -> str:
     """cuobjdump from PATH, $CUDA_HOME/bin or Triton's wheel; a clear error otherwise."""
-    folders = [Path(os.environ["CUDA_HOME"]) / "bin"] if os.environ.get("CUDA_HOME") else []
+    cuda_home = build_settings().cuda_home
+    folders = [cuda_home / "bin"] if cuda_home is not None else []
     with contextlib.suppress(ImportError):
         import triton
 

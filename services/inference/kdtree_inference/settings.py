@@ -2,28 +2,20 @@
 
 The SGLang backend (``sglang.modes.VerifySettings``), ``kdtree-serve`` and the reference engine
 (``kdtree-engine``) read them from here; README.md's configuration table is generated from the
-fields' descriptions (``scripts/config_table.py``). A variable that is unset, empty or blank
-takes its default; a bad value is refused with :class:`SettingsError`, naming the variable.
+fields' descriptions (``scripts/config_table.py``). The model speaks the shared dialect
+(``kdtree_settings.EnvSettings``): a variable that is unset, empty or blank takes its default; bad
+values are refused with :class:`SettingsError`, one line per variable, each naming it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    BeforeValidator,
-    Field,
-    SecretStr,
-    Strict,
-    ValidationError,
-    field_validator,
-)
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUseDefault
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
-from pydantic_settings.sources.utils import parse_env_vars
+import kdtree_settings
+from kdtree_settings import EnvSettings, on_off
+from pydantic import BeforeValidator, Field, SecretStr, Strict
+from pydantic_settings import SettingsConfigDict
 
 from kdtree_verify.validation import FP8_NUMERICS
 
@@ -40,17 +32,12 @@ class VerifyMode(enum.Enum):
     ON = "on"
 
 
-class SettingsError(ValueError):
-    """An environment variable holds a value the programs cannot use; the message names it."""
+class SettingsError(kdtree_settings.SettingsError):
+    """``KDTREE_*`` variables hold values the programs cannot use; the message names each."""
 
 
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
-
-
-def _on_off(value: Any) -> Any:
-    """``on``/``off`` as a bool; any other text stays text, which the strict bool refuses."""
-    return {"on": True, "off": False}.get(value, value) if isinstance(value, str) else value
 
 
 def _fault(value: Any) -> Any:
@@ -58,13 +45,14 @@ def _fault(value: Any) -> Any:
 
 
 Word = BeforeValidator(_lower)
-Switch = Annotated[bool, Strict(), BeforeValidator(_on_off), Word]
+Switch = Annotated[bool, Strict(), BeforeValidator(on_off)]
 
 
-class InferenceSettings(BaseSettings):
+class InferenceSettings(EnvSettings):
     """The SGLang backend's, ``kdtree-serve``'s and the reference engine's ``KDTREE_*`` settings."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+    error_type: ClassVar[type[kdtree_settings.SettingsError]] = SettingsError
 
     verify: Annotated[VerifyMode, Word] = Field(
         VerifyMode.OFF,
@@ -142,66 +130,3 @@ class InferenceSettings(BaseSettings):
         description="the reference engine requires `Authorization: Bearer <this>` on every "
         "route but `/health*` and `/metrics` (SGLang's `--api-key`); unset: no authentication",
     )
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.strip()
-            if not value:
-                raise PydanticUseDefault
-        return value
-
-    @classmethod
-    def env_var(cls, field_name: str) -> str:
-        """The environment variable that sets ``field_name``."""
-        return ENV_PREFIX + field_name.upper()
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> InferenceSettings:
-        """Read every setting from ``env`` (default: the process environment) and nothing else;
-        raise :class:`SettingsError` naming the first bad variable."""
-        try:
-            if env is None:
-                return cls()
-            # The mapping replaces BaseSettings' own sources: os.environ does not mix in.
-            return cls(_build_sources=((_MappingEnvSource(cls, env),), {}))
-        except ValidationError as error:
-            raise cls._refusal(error) from None
-
-    @classmethod
-    def _refusal(cls, error: ValidationError) -> SettingsError:
-        first = error.errors()[0]
-        name = str(first["loc"][0])
-        if first["type"] == "value_error":  # a parser's own refusal, which names the variable
-            return SettingsError(str(first["ctx"]["error"]))
-        expected = _expectation(cls.model_fields[name])
-        return SettingsError(f"{cls.env_var(name)}={first['input']!r}: expected {expected}")
-
-
-def _expectation(field: FieldInfo) -> str:
-    """What a field accepts, in the words of its refusal message."""
-    annotation = field.annotation
-    if annotation is bool:
-        return "on or off"
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return "one of " + "|".join(member.value for member in annotation)
-    choices = getattr(annotation, "__args__", ())
-    if getattr(annotation, "__origin__", None) is Literal:
-        return "one of " + "|".join(choices)
-    minimum = next((m.ge for m in field.metadata if hasattr(m, "ge")), None)
-    if annotation is int:
-        return f"an integer >= {minimum}"
-    if minimum == 0:
-        return "a non-negative number"
-    return "a number"
-
-
-class _MappingEnvSource(EnvSettingsSource):
-    """The environment source, reading a given mapping instead of ``os.environ``."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self.env_vars = parse_env_vars(
-            env, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
-        )

@@ -66,10 +66,16 @@ class ReplaySettings(_Strict):
     """How the corpus is sent to every target."""
 
     max_new_tokens: int = Field(
-        _default("replay", "max_new_tokens"), ge=1, le=32768, description="when an entry sets none"
+        _default("replay", "max_new_tokens"),
+        ge=1,
+        le=32768,
+        description="per prompt unless the corpus entry sets its own `max_new_tokens`",
     )
     top_logprobs_num: int = Field(
-        _default("replay", "top_logprobs_num"), ge=1, le=100, description="top-k per position"
+        _default("replay", "top_logprobs_num"),
+        ge=1,
+        le=100,
+        description="top-k logprobs asked for at every generated position",
     )
     concurrency: int = Field(
         _default("replay", "concurrency"), ge=1, le=256, description="requests in flight per target"
@@ -81,28 +87,32 @@ class ReplaySettings(_Strict):
         _default("replay", "retries"),
         ge=0,
         le=20,
-        description="extra attempts after a retryable failure (connect error, timeout, "
-        "HTTP 429/502/503)",
+        description="extra attempts, only after a connect error, HTTP 429, 502 or 503 (a load balancer's "
+        "answers) or (`retry_on_timeout`; greedy is idempotent) a timeout",
     )
     backoff_s: float = Field(
         _default("replay", "backoff_s"),
         ge=0,
         le=60,
-        description="first retry delay; doubles every retry (at most 60 s)",
+        description="first retry delay, seconds; doubles every retry, and a `Retry-After` (seconds or a "
+        "date) is waited out (at most 60)",
     )
     max_retry_delay_s: float = Field(
         _default("replay", "max_retry_delay_s"),
         ge=0,
         le=300,
-        description="no retry waits longer, neither the doubled backoff nor a Retry-After "
-        "(at most 300 s: one answer can never stall a run for good)",
+        description="no retry waits longer, neither the doubled backoff nor a `Retry-After` (at most 300: "
+        "one answer can never stall a run for good). After the last retry a 503 counts as "
+        "unavailable, a 429 or 502 as the candidate's HTTP error",
     )
     retry_on_timeout: bool = Field(
         _default("replay", "retry_on_timeout"),
         description="greedy /generate is idempotent, so a timed-out request is retried",
     )
     health_deadline_s: float = Field(
-        _default("replay", "health_deadline_s"), gt=0, description="wait this long for /health"
+        _default("replay", "health_deadline_s"),
+        gt=0,
+        description="wait this long for every target's `/health`, seconds",
     )
     max_consecutive_transport_errors: int = Field(
         _default("replay", "max_consecutive_transport_errors"),
@@ -126,31 +136,42 @@ class GateSettings(_Strict):
     """Thresholds of the verdict. Candidate figures are judged by their excess over A/A."""
 
     min_prompts: int = Field(
-        _default("gate", "min_prompts"), ge=1, description="prompts compared without error"
+        _default("gate", "min_prompts"),
+        ge=1,
+        description="prompts compared without error on every target, else undecided",
     )
     max_hard_divergences: int = Field(
-        _default("gate", "max_hard_divergences"), ge=0, description="candidate hard minus A/A hard"
+        _default("gate", "max_hard_divergences"),
+        ge=0,
+        description="candidate hard divergences minus the floor's (A/A' when the run has one, else A/A)",
     )
     min_exact_match_rate: float = Field(
-        _default("gate", "min_exact_match_rate"), ge=0, le=1, description="candidate vs baseline"
+        _default("gate", "min_exact_match_rate"),
+        ge=0,
+        le=1,
+        description="candidate vs baseline, whole outputs identical",
     )
     max_excess_divergence_rate: float = Field(
         _default("gate", "max_excess_divergence_rate"),
         ge=0,
         le=1,
-        description="candidate divergence rate minus A/A divergence rate",
+        description="candidate divergence rate minus the floor's: must be shown within it (interval, "
+        "see Statistics)",
     )
     max_logprob_drift_p99: float = Field(
         _default("gate", "max_logprob_drift_p99"),
         ge=0,
-        description="p99 |logprob diff| at agreeing positions, minus A/A's (nats)",
+        description="candidate p99 |logprob diff| at agreeing positions minus the floor's, nats: must be "
+        "shown within it; also the margin of the tail and per-prompt maxima tests (see "
+        "Statistics); drift measured at no position is never a pass (see verdict precedence)",
     )
     max_floor_drift_p99: float = Field(
         _default("gate", "max_floor_drift_p99"),
         ge=0,
         description="the A/A' floor's own p99 drift against the baseline may be at most this "
-        "(nats); beyond it, or with any hard divergence, the floor is not an equivalent "
-        "computation and the run is undecided",
+        "(nats); beyond it, or with any hard divergence of the floor, the floor is not an "
+        'equivalent computation and the run is undecided (see "The reference targets are '
+        'checked")',
     )
     max_finish_mismatches: int = Field(
         _default("gate", "max_finish_mismatches"),
@@ -160,7 +181,7 @@ class GateSettings(_Strict):
     max_candidate_errors: int = Field(
         _default("gate", "max_candidate_errors"),
         ge=0,
-        description="candidate answers that were HTTP errors or malformed",
+        description='candidate answers that were HTTP errors or malformed (see "Malformed answers")',
     )
     allow_aa_divergence: bool = Field(
         _default("gate", "allow_aa_divergence"),
@@ -170,15 +191,17 @@ class GateSettings(_Strict):
         _default("gate", "alpha"),
         gt=0,
         lt=1,
-        description="false-fail rate: the chance that a candidate as good as the noise floor "
-        "fails a statistical test (split over the tests, Bonferroni)",
+        description="false-fail rate of the statistical tests together, each at alpha over their number "
+        "(Bonferroni): a candidate as good as the floor failing, or one beyond a margin shown "
+        "within it; 0 < alpha < 1",
     )
     max_slowdown: float | None = Field(
         _default("gate", "max_slowdown"),
         ge=0,
         lt=1,
-        description="the candidate's median decode rate may be at most this fraction below the "
-        "baseline's, beyond the A/A spread (null: no speed rule)",
+        description="the candidate's median decode rate (the sidecar's clock) must be shown at most this "
+        "fraction below the baseline's; the twin's ratio only says whether the timing is too "
+        "noisy to judge (null: no speed rule)",
     )
     # The one key whose omission does not take the shipped default's value: a policy written for
     # a short corpus (the CPU engine, a quick check) stays usable; the shipped default asks for
@@ -187,7 +210,8 @@ class GateSettings(_Strict):
         0,
         ge=0,
         description="the longest prompt, in the baseline's tokens, the corpus must reach; a run "
-        "that does not is undecided (0: no requirement; left out: 0)",
+        "that does not is undecided (0: no requirement; left out of a file: 0, not the "
+        '`default` policy\'s value; see "Context-length buckets and coverage")',
     )
     max_accept_length_drop: float | None = Field(
         _default("gate", "max_accept_length_drop"),

@@ -1,16 +1,21 @@
 """The gate's configuration (``kdtree-parity`` and its service): every ``KDTREE_PARITY_*``
 variable, its default and its meaning. ``kdtree-parity`` flags override them.
 
-README's Configuration table is generated from the field descriptions below.
+README's Configuration table is generated from the field descriptions below. The model speaks
+the shared dialect (``kdtree_settings.EnvSettings``): unset, empty or blank is the default, and
+bad values are refused one line per variable, each naming it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import kdtree_settings
+from kdtree_settings import EnvSettings
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
 
 ENV_PREFIX = "KDTREE_PARITY_"
 LEASE_RANGE_S = (1.0, 3600.0)
@@ -18,14 +23,15 @@ LEASE_RANGE_S = (1.0, 3600.0)
 TOKEN_TARGETS = ("baseline", "candidate", "replica", "floor")
 
 
-class SettingsError(ValueError):
+class SettingsError(kdtree_settings.SettingsError):
     """A ``KDTREE_PARITY_*`` variable holds a value the gate cannot use (one line per variable)."""
 
 
-class ParitySettings(BaseSettings):
+class ParitySettings(EnvSettings):
     """Read from the environment once, when a program starts (``load_settings``)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    error_type: ClassVar[type[kdtree_settings.SettingsError]] = SettingsError
 
     # The ports `make up` publishes the gate pair on (docs/operations.md, "Ports").
     baseline_url: str = Field("http://127.0.0.1:30001", description="baseline inference server")
@@ -116,12 +122,10 @@ class ParitySettings(BaseSettings):
         return lease
 
 
-def load_settings() -> ParitySettings:
-    """The settings from the environment; SettingsError names every variable that is unusable."""
-    try:
-        return ParitySettings()
-    except ValidationError as exc:
-        raise SettingsError("\n".join(_named(error) for error in exc.errors())) from None
+def load_settings(env: Mapping[str, str] | None = None) -> ParitySettings:
+    """The settings from the environment (or ``env`` alone); SettingsError names every variable
+    that is unusable, one a line."""
+    return ParitySettings.from_env(env)
 
 
 def target_tokens(settings: ParitySettings) -> dict[str, str]:
@@ -153,15 +157,3 @@ def target_tokens(settings: ParitySettings) -> dict[str, str]:
     if problems:
         raise SettingsError("\n".join(problems))
     return tokens
-
-
-_EXPECTED = {"float_parsing": "a number", "int_parsing": "an integer"}
-
-
-def _named(error: ErrorDetails) -> str:
-    variable = ENV_PREFIX + str(error["loc"][0]).upper()
-    if error["type"] in _EXPECTED:
-        return f"{variable}={error['input']!r} is not {_EXPECTED[error['type']]}"
-    if error["type"] == "value_error":
-        return f"{variable} {error.get('ctx', {}).get('error', error['msg'])}"
-    return f"{variable}={error['input']!r}: {error['msg']}"

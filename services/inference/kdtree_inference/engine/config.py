@@ -2,12 +2,25 @@
 
 Every knob has a default that gives the documented tiny model; the CLI (``__main__``) and the
 environment (``KDTREE_ENGINE_*``, ``KDTREE_VERIFY``: ``kdtree_inference.settings``) override them.
+``EngineConfig`` is validated by pydantic and refuses in the settings dialect
+(``kdtree_settings``): one line per bad field, naming it and what it expects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import assert_never
+from dataclasses import dataclass
+from typing import Any, Literal, assert_never
+
+from kdtree_settings import refusal_text
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    ValidationError,
+    model_validator,
+)
+from pydantic._internal._model_construction import ModelMetaclass
 
 from kdtree_verify import QK_DIM, ROPE_DIM, V_DIM
 
@@ -71,18 +84,40 @@ class SpecConfig:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Everything the scheduler and the HTTP layer need besides the model weights."""
+class EngineConfigError(ValueError):
+    """An engine configuration that cannot run: one line per bad field, in the settings
+    dialect (``field=value: expected ...``)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    spec: SpecConfig = field(default_factory=SpecConfig)
-    attention: str = "reference"
+
+class _FieldDefaults(ModelMetaclass):
+    """``EngineConfig.max_batch_size`` is the field's default, as it was for the dataclass (the
+    CLI's flags take their defaults from there)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        fields = cls.__dict__.get("__pydantic_fields__") or {}
+        if name in fields and not fields[name].is_required():
+            return fields[name].get_default(call_default_factory=True)
+        return super().__getattr__(name)
+
+
+class EngineConfig(BaseModel, metaclass=_FieldDefaults):
+    """Everything the scheduler and the HTTP layer need besides the model weights.
+
+    Validated by pydantic in the settings dialect (``kdtree_settings``): a bad value is refused
+    with :class:`EngineConfigError` (a ValueError) naming each field and what it expects.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    model: InstanceOf[ModelConfig] = Field(default_factory=ModelConfig)
+    spec: InstanceOf[SpecConfig] = Field(default_factory=SpecConfig)
+    attention: Literal[ATTENTION_BACKENDS] = "reference"  # type: ignore[valid-type]
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_pool_size: int = 32768  # KV slots per layer (one per token, shared by all requests)
     max_batch_size: int = 16  # requests decoded together in one verify forward
-    prefill_chunk: int = 64  # prompt tokens per prefill forward (each an extend over the last)
+    # prompt tokens per prefill forward (each an extend over the last)
+    prefill_chunk: int = Field(64, ge=1)
     max_prompt_tokens: int = 2048
     max_new_tokens_limit: int = 1024
     max_batch_request: int = 64  # prompts in one batched /generate call
@@ -91,30 +126,34 @@ class EngineConfig:
     fault_layer: int | None = None
     fault_scale: float = 1.0
     # TEST ONLY: a graded fault from KDTREE_INJECT_FAULT (kdtree_inference.faults); None = stock.
-    injected_fault: Fault | None = None
+    injected_fault: InstanceOf[Fault] | None = None
     # Stream events carry only what is new since the previous one (SGLang's
     # --incremental-streaming-output); False resends the whole output each time, SGLang's default.
     incremental_streaming_output: bool = True
     warmup_delay_s: float = 0.0
     # Equivalent numerics (the parity gate's A/A' floor): the reference backend reduces every
     # request's keys in this many chunks merged by log-sum-exp (split_kv.py). 1: one pass.
-    attention_kv_splits: int = 1
+    attention_kv_splits: int = Field(1, ge=1)
     # TEST/BENCHMARK ONLY: sleep this long after every decode step, a candidate made slow on
     # purpose for the parity gate's speed rule. Off (0) by default.
-    decode_step_delay_s: float = 0.0
+    decode_step_delay_s: float = Field(0.0, ge=0)
     # validate: an element is over tolerance when not |op - baseline| <= atol + rtol * |baseline|
     # (KDTREE_VERIFY_ATOL / _RTOL, the SGLang backend's rule and defaults).
     validate_atol: float = 0.02
     validate_rtol: float = 0.02
     # Bearer token every route but /health* and /metrics requires (SGLang's --api-key); never
     # shown in the config's repr.
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = Field(None, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
-            )
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as error:
+            text = refusal_text(error, type(self).model_fields, lambda name: name)
+            raise EngineConfigError(text) from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineConfig:
         if self.fault_layer is not None and not 0 <= self.fault_layer < self.model.num_layers:
             raise ValueError(
                 f"fault layer {self.fault_layer} out of range [0, {self.model.num_layers})"
@@ -135,16 +174,9 @@ class EngineConfig:
                 f"KDTREE_INJECT_FAULT: tree_mask row {fault.index} is past the tree's "
                 f"{self.spec.num_draft_tokens} rows [0, {self.spec.num_draft_tokens})"
             )
-        if self.attention_kv_splits < 1:
-            raise ValueError(f"attention_kv_splits must be >= 1, got {self.attention_kv_splits}")
         if self.attention_kv_splits > 1 and self.attention != "reference":
             raise ValueError("attention_kv_splits > 1 needs the reference attention backend")
-        if self.decode_step_delay_s < 0:
-            raise ValueError(f"decode_step_delay_s must be >= 0, got {self.decode_step_delay_s}")
-        if self.prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        return self
 
 
 def default_attention_backend(device: str, mode: VerifyMode | str | None = None) -> str:
