@@ -47,6 +47,7 @@ from .comparison import ComparisonRecorder, ShadowGate
 from .dispatch import verify_with_inputs
 from .extension import kernel_status
 from .fault_injection import faulty_inputs
+from .forward_state import KdtreeForward, Phase
 from .marshal import VerifyInputs, VerifyMarshal
 from .modes import VerifyMode, VerifySettings
 from .telemetry import VerifyTelemetry
@@ -156,7 +157,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         # batch size of a captured verify graph -> the inputs its kernel calls reference.
         self._kdtree_graph_inputs: dict[int, VerifyInputs] = {}
         self.kdtree_step = 0
-        self._kdtree_phase = "eager"  # or "capture": set by each verify forward's metadata
+        self.kdtree_forward = KdtreeForward()  # replaced by each verify forward's metadata
         self._kdtree_capture_key: int | None = None
         self._kdtree_shadow_now = False
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
@@ -190,7 +191,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
         if self._kdtree_serves(forward_batch.forward_mode):
-            self._kdtree_begin_forward(phase="eager", batch_size=None)
+            self._kdtree_begin_forward(Phase.EAGER, batch_size=None)
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
@@ -198,30 +199,34 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             # The graph's batch size as the parent reads it: SGLang's draft-extend graph runner
             # hands over its whole req_pool_indices buffer, longer than the batch.
             self._kdtree_begin_forward(
-                phase="capture" if in_capture else "replay",
+                Phase.CAPTURE if in_capture else Phase.REPLAY,
                 batch_size=forward_batch.batch_size,
             )
 
-    def _kdtree_begin_forward(self, phase: str, batch_size: int | None) -> None:
+    def _kdtree_begin_forward(self, phase: Phase, batch_size: int | None) -> None:
         """Once per verify forward, after the parent's metadata: marshal, count, publish, gate."""
-        if phase in ("eager", "capture"):
+        if phase is Phase.REPLAY:
+            # The captured calls keep the inputs they were captured with.
+            self.kdtree_forward.phase = phase
+        else:
             metadata = self.forward_metadata
-            metadata.kdtree_inputs = faulty_inputs(
-                self.kdtree_marshal.build(metadata, for_graph=phase == "capture"),
+            forward = KdtreeForward(phase, metadata)
+            forward.inputs = faulty_inputs(
+                self.kdtree_marshal.build(metadata, for_graph=phase is Phase.CAPTURE),
                 self.kdtree_fault,
                 phase,
             )
-            if phase == "capture":
-                self._kdtree_graph_inputs[batch_size] = metadata.kdtree_inputs
-            if self.kdtree_shadow_gate is not None and phase == "capture":
+            if phase is Phase.CAPTURE:
+                self._kdtree_graph_inputs[batch_size] = forward.inputs
+            if self.kdtree_shadow_gate is not None and phase is Phase.CAPTURE:
                 batch = metadata.qo_indptr.shape[0]
-                metadata.kdtree_shadow_metadata = dataclasses.replace(
+                forward.shadow_metadata = dataclasses.replace(
                     metadata,
                     qo_indptr=self.kdtree_shadow_gate.qo_indptr[:batch],
                     kv_indptr=self.kdtree_shadow_gate.kv_indptr[:batch],
                 )
-        self._kdtree_phase = "capture" if phase == "capture" else "eager"
-        if phase == "capture":
+            self.kdtree_forward = forward
+        if phase is Phase.CAPTURE:
             # Capture runs (warm-ups included) are not serving steps: record routes only.
             self._kdtree_capture_key = batch_size
             self._kdtree_graph_routes[batch_size] = {}
@@ -230,10 +235,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return
 
         self.kdtree_step += 1
-        self.kdtree_telemetry.verify_steps(graph_replay=phase == "replay")
+        self.kdtree_telemetry.verify_steps(graph_replay=phase is Phase.REPLAY)
         shadow_every = self.kdtree_settings.shadow_every
         self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
-        if phase == "replay":
+        if phase is Phase.REPLAY:
             self._kdtree_refresh_plan(batch_size)
             self._kdtree_count_replay(batch_size)
             if self.kdtree_shadow_gate is not None:
@@ -312,7 +317,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Why the kernel cannot serve this layer call, or None if it can."""
         if k is None or v is None:
             return "no_draft_kv"
-        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        inputs = self.kdtree_forward.inputs_for(self.forward_metadata)
         if inputs is not None and q.shape[0] != inputs.total_tokens:
             # The plan is sized for N tokens per request; ragged extends are Triton's.
             return "token_count"
@@ -361,7 +366,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     @torch.compiler.disable
     def _kdtree_note_route(self, layer_id: int, route: str) -> None:
-        if self._kdtree_phase == "capture":
+        if self.kdtree_forward.phase is Phase.CAPTURE:
             self._kdtree_graph_routes[self._kdtree_capture_key][layer_id] = route
         elif route == KERNEL_ROUTE:
             self.kdtree_telemetry.kernel_calls()
@@ -369,10 +374,12 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.kdtree_telemetry.fallbacks(route)
 
     def _kdtree_inputs(self) -> VerifyInputs:
-        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        inputs = self.kdtree_forward.inputs_for(self.forward_metadata)
         if inputs is None:  # metadata built by a path that bypassed our hooks
             inputs = self.kdtree_marshal.build(self.forward_metadata)
-            self.forward_metadata.kdtree_inputs = inputs
+            self.kdtree_forward = KdtreeForward(
+                self.kdtree_forward.phase, self.forward_metadata, inputs
+            )
         return inputs
 
     def _kdtree_kernel(
@@ -401,8 +408,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_triton(self, q, k, v, layer, forward_batch, save_kv_cache: bool):
         """The parent's computation; on a captured on-mode graph, gated by the shadow switch."""
-        shadow_metadata = getattr(self.forward_metadata, "kdtree_shadow_metadata", None)
-        if self._kdtree_phase != "capture" or shadow_metadata is None:
+        shadow_metadata = self.kdtree_forward.shadow_metadata_for(self.forward_metadata)
+        if self.kdtree_forward.phase is not Phase.CAPTURE or shadow_metadata is None:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         metadata, self.forward_metadata = self.forward_metadata, shadow_metadata
         try:
@@ -482,15 +489,16 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False)
         self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
         gate = self.kdtree_shadow_gate
+        capturing = self.kdtree_forward.phase is Phase.CAPTURE
         if self.kdtree_recorder is not None and (
-            self._kdtree_shadow_now or (self._kdtree_phase == "capture" and gate is not None)
+            self._kdtree_shadow_now or (capturing and gate is not None)
         ):
             triton_out = self._kdtree_triton(q, k, v, layer, forward_batch, save_kv_cache=False)
             self.kdtree_recorder.record(
                 layer.layer_id,
                 kernel_out,
                 triton_out,
-                gate=gate.open if self._kdtree_phase == "capture" and gate is not None else None,
+                gate=gate.open if capturing and gate is not None else None,
             )
         attn_out = getattr(forward_batch, "_attn_output", None)
         if attn_out is not None:
