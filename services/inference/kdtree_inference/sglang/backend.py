@@ -43,7 +43,7 @@ from kdtree_verify import QK_DIM, V_DIM, VerifyInputError
 from kdtree_verify.validation import FP8_KV_DTYPE
 
 from ..faults import banner, scaled_softmax
-from .comparison import ComparisonRecorder, ShadowGate
+from .comparison import ComparisonRecorder, ShadowGate, VerifyComparison
 from .dispatch import verify_with_inputs
 from .extension import kernel_status
 from .fault_injection import faulty_inputs
@@ -103,57 +103,56 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             settings.draft_extend or not is_draft
         )
         if self.kdtree_active:
-            status = kernel_status(self.kdtree_device)
-            if not status.usable:
-                raise RuntimeError(
-                    f"KDTREE_VERIFY={settings.mode.value} needs the kdtree verify kernel, but "
-                    f"{status.detail}. Set KDTREE_VERIFY=off to serve with SGLang's Triton "
-                    "kernel only."
-                )
+            self._kdtree_require_kernel()
         self.kdtree_telemetry = VerifyTelemetry(
             settings,
             tp_rank=getattr(model_runner, "tp_rank", 0),
             registry=registry,
             role=self.kdtree_role,
         )
-        pool = self.token_to_kv_pool
-        compares = self.kdtree_active and settings.compares
-        self.kdtree_recorder = (
-            ComparisonRecorder(
-                num_layers=pool.layer_num,
-                first_layer_id=getattr(pool, "start_layer", 0) or 0,
-                device=self.kdtree_device,
-                atol=settings.atol,
-                rtol=settings.rtol,
-            )
-            if compares
-            else None
-        )
-        # Validate with an fp8 pool: each side's error against the exact computation on the
-        # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
-        exact_sides = ("triton", "kdtree")
-        self.kdtree_exact_recorders = (
-            {
-                side: ComparisonRecorder(
-                    num_layers=pool.layer_num,
-                    first_layer_id=getattr(pool, "start_layer", 0) or 0,
-                    device=self.kdtree_device,
-                    atol=settings.atol,
-                    rtol=settings.rtol,
-                )
-                for side in exact_sides
-            }
-            if self.kdtree_active
-            and settings.mode is VerifyMode.VALIDATE
-            and pool.dtype == FP8_KV_DTYPE
-            else {}
-        )
+        self.kdtree_comparison = self._kdtree_build_comparison()
         self.kdtree_shadow_gate = (
             ShadowGate(self.req_to_token_pool.size, self.kdtree_device)
             if self.kdtree_active and settings.mode is VerifyMode.ON and settings.shadow_every
             else None
         )
-        self.kdtree_marshal = VerifyMarshal(self.kdtree_device, self.num_head, pool.dtype)
+        self.kdtree_marshal = VerifyMarshal(
+            self.kdtree_device, self.num_head, self.token_to_kv_pool.dtype
+        )
+        self._kdtree_init_forward_state()
+        # A fault edits target verify only (never the draft runner's draft extend).
+        self.kdtree_fault = settings.fault if self.kdtree_active and not is_draft else None
+        self._kdtree_log_set_up(is_draft)
+
+    def _kdtree_require_kernel(self) -> None:
+        status = kernel_status(self.kdtree_device)
+        if not status.usable:
+            raise RuntimeError(
+                f"KDTREE_VERIFY={self.kdtree_settings.mode.value} needs the kdtree verify kernel, "
+                f"but {status.detail}. Set KDTREE_VERIFY=off to serve with SGLang's Triton "
+                "kernel only."
+            )
+
+    def _kdtree_build_comparison(self) -> VerifyComparison | None:
+        """The comparison, when any forward of this backend runs one."""
+        settings = self.kdtree_settings
+        if not (self.kdtree_active and settings.compares):
+            return None
+        pool = self.token_to_kv_pool
+        return VerifyComparison(
+            self.kdtree_telemetry,
+            num_layers=pool.layer_num,
+            first_layer_id=getattr(pool, "start_layer", 0) or 0,
+            device=self.kdtree_device,
+            atol=settings.atol,
+            rtol=settings.rtol,
+            validate_every=settings.validate_every,
+            # Validate with an fp8 pool: each side's error against the exact computation on the
+            # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
+            vs_exact=settings.mode is VerifyMode.VALIDATE and pool.dtype == FP8_KV_DTYPE,
+        )
+
+    def _kdtree_init_forward_state(self) -> None:
         # batch size of a captured verify graph -> the inputs its kernel calls reference.
         self._kdtree_graph_inputs: dict[int, VerifyInputs] = {}
         self.kdtree_step = 0
@@ -163,20 +162,35 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+
+    def _kdtree_log_set_up(self, is_draft: bool) -> None:
         # The pid shows which process built the backend: a scheduler, never the launcher.
         if not is_draft:
             served = "target"
         else:
             served = "draft runner, draft extend" if self.kdtree_active else "draft runner, stock"
         logger.info(
-            "kdtree verify backend (%s) in pid %d: %s", served, os.getpid(), settings.describe()
+            "kdtree verify backend (%s) in pid %d: %s",
+            served,
+            os.getpid(),
+            self.kdtree_settings.describe(),
         )
-        # A fault edits target verify only (never the draft runner's draft extend).
-        self.kdtree_fault = settings.fault if self.kdtree_active and not is_draft else None
         if self.kdtree_fault is not None:
             logger.warning(
                 banner(self.kdtree_fault, f"the SGLang verify backend (pid {os.getpid()})")
             )
+
+    @property
+    def kdtree_recorder(self) -> ComparisonRecorder | None:
+        """The kernel-vs-Triton recorder, None when nothing is compared."""
+        comparison = self.kdtree_comparison
+        return comparison.recorder if comparison is not None else None
+
+    @property
+    def kdtree_exact_recorders(self) -> dict[str, ComparisonRecorder]:
+        """Side -> its recorder against the exact computation (validate with an fp8 pool)."""
+        comparison = self.kdtree_comparison
+        return comparison.exact_recorders if comparison is not None else {}
 
     def _kdtree_serves(self, forward_mode: Any) -> bool:
         """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
@@ -277,37 +291,13 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_publish(self) -> None:
         """Outside any graph: report a finished snapshot; start a new one every N steps."""
-        recorder = self.kdtree_recorder
-        if recorder is None:
-            return
-        stats = recorder.collect()
-        if stats is not None:
-            self.kdtree_telemetry.publish(self.kdtree_step, stats)
-        self._kdtree_publish_vs_exact()
-        if self.kdtree_step % self.kdtree_settings.validate_every == 0:
-            recorder.snapshot()
-            for exact in self.kdtree_exact_recorders.values():
-                exact.snapshot()
-
-    def _kdtree_publish_vs_exact(self) -> None:
-        collected = {side: r.collect() for side, r in self.kdtree_exact_recorders.items()}
-        if collected and all(stats is not None for stats in collected.values()):
-            self.kdtree_telemetry.publish_vs_exact(self.kdtree_step, collected)
+        if self.kdtree_comparison is not None:
+            self.kdtree_comparison.publish(self.kdtree_step)
 
     def kdtree_flush(self) -> None:
         """Publish what has been recorded so far (waits for the device; not for the hot path)."""
-        recorder = self.kdtree_recorder
-        if recorder is None:
-            return
-        recorder.snapshot()
-        for exact in self.kdtree_exact_recorders.values():
-            exact.snapshot()
-        if self.kdtree_device.type == "cuda":
-            torch.cuda.synchronize(self.kdtree_device)
-        stats = recorder.collect()
-        if stats is not None:
-            self.kdtree_telemetry.publish(self.kdtree_step, stats)
-        self._kdtree_publish_vs_exact()
+        if self.kdtree_comparison is not None:
+            self.kdtree_comparison.flush(self.kdtree_step)
 
     # ------------------------------------------------------------------------- per layer
 
