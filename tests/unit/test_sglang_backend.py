@@ -28,6 +28,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from kdtree_inference.sglang import testing
 from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
+from kdtree_inference.sglang.forward_state import Phase
 from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
 from kdtree_inference.sglang.telemetry import PUBLISH_EVENT
 
@@ -327,7 +328,7 @@ class GraphPair(Pair):
 def test_graph_capture_references_sglang_static_buffers_and_replay_counts_routes():
     pair = GraphPair(VerifySettings(mode=VerifyMode.ON))
     stock_batch, ours_batch = pair.capture()
-    inputs = pair.ours.forward_metadata.kdtree_inputs
+    inputs = pair.ours.kdtree_forward.inputs
     # Marshaling made no copies: the kernel reads SGLang's own capture buffers.
     assert inputs.kv_indptr.data_ptr() == pair.ours.kv_indptr.data_ptr()
     assert inputs.qo_indptr.data_ptr() == pair.ours.qo_indptr.data_ptr()
@@ -375,7 +376,7 @@ def test_graph_replay_metadata_feeds_the_kernel_new_batches():
     # New prefixes and masks, same batch size: only the static buffers change.
     stock_batch, ours_batch = pair.replay_metadata([11, 2], seed=7)
     # Python reruns here what the graph would replay: the same calls reading the same buffers.
-    pair.ours._kdtree_phase = "capture"
+    pair.ours.kdtree_forward.phase = Phase.CAPTURE
     for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
         torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
     assert pair.pools_equal()
@@ -399,7 +400,7 @@ def test_graph_shadow_gate_selects_steps_on_the_device():
     stock_batch, ours_batch = pair.replay_metadata(PREFIXES, seed=1)
     assert bool(gate.open)
     assert torch.equal(gate.kv_indptr[:3], pair.ours.kv_indptr[:3].long())
-    pair.ours._kdtree_phase = "capture"
+    pair.ours.kdtree_forward.phase = Phase.CAPTURE
     for stock, ours in pair.run_layers(stock_batch, ours_batch, layer0):
         torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
     pair.ours.kdtree_flush()
@@ -520,12 +521,13 @@ def test_dflash_causal_block_under_graphs_matches_stock(mode):
     prefixes serves what stock serves."""
     pair = GraphPair(VerifySettings(mode=mode), mask="causal")
     stock_batch, ours_batch = pair.capture()
-    inputs = pair.ours.forward_metadata.kdtree_inputs
+    inputs = pair.ours.kdtree_forward.inputs
     assert inputs.custom_mask is None and inputs.mask_indptr is None
     for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
         torch.testing.assert_close(ours, stock, atol=2e-5, rtol=1e-5)
     stock_batch, ours_batch = pair.replay_metadata([13, 1], seed=5)
-    pair.ours._kdtree_phase = "capture"  # rerun the captured calls on the refreshed buffers
+    # Rerun the captured calls on the refreshed buffers.
+    pair.ours.kdtree_forward.phase = Phase.CAPTURE
     for stock, ours in pair.run_layers(stock_batch, ours_batch, pair.layers):
         if mode is VerifyMode.VALIDATE:
             assert torch.equal(ours, stock)

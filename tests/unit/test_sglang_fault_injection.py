@@ -18,6 +18,7 @@ from kdtree_inference.faults import parse_fault
 from kdtree_inference.sglang import testing
 from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
 from kdtree_inference.sglang.fault_injection import FaultNeedsEagerError, faulty_inputs
+from kdtree_inference.sglang.forward_state import Phase
 from kdtree_inference.sglang.modes import SettingsError, VerifyMode, VerifySettings
 
 HEADS, DRAFT, PREFIXES, LAYER = 2, 4, [6, 15], 0
@@ -131,8 +132,8 @@ def test_tree_mask_fault_shows_the_root_one_more_node():
 
 def test_layout_faults_refuse_cuda_graph_capture():
     _, _, backend = run_on(None)
-    inputs = backend.forward_metadata.kdtree_inputs
-    for phase in ("capture", "replay"):
+    inputs = backend.kdtree_forward.inputs
+    for phase in (Phase.CAPTURE, Phase.REPLAY):
         with pytest.raises(FaultNeedsEagerError, match="--disable-cuda-graph"):
             faulty_inputs(inputs, parse_fault("kv_drop:1"), phase)
-    assert faulty_inputs(inputs, parse_fault("scale:0.1"), "capture") is inputs
+    assert faulty_inputs(inputs, parse_fault("scale:0.1"), Phase.CAPTURE) is inputs

@@ -43,10 +43,11 @@ from kdtree_verify import QK_DIM, V_DIM, VerifyInputError
 from kdtree_verify.validation import FP8_KV_DTYPE
 
 from ..faults import banner, scaled_softmax
-from .comparison import ComparisonRecorder, ShadowGate
+from .comparison import ComparisonRecorder, ShadowGate, VerifyComparison
 from .dispatch import verify_with_inputs
 from .extension import kernel_status
 from .fault_injection import faulty_inputs
+from .forward_state import KdtreeForward, Phase
 from .marshal import VerifyInputs, VerifyMarshal
 from .modes import VerifyMode, VerifySettings
 from .telemetry import VerifyTelemetry
@@ -102,80 +103,94 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             settings.draft_extend or not is_draft
         )
         if self.kdtree_active:
-            status = kernel_status(self.kdtree_device)
-            if not status.usable:
-                raise RuntimeError(
-                    f"KDTREE_VERIFY={settings.mode.value} needs the kdtree verify kernel, but "
-                    f"{status.detail}. Set KDTREE_VERIFY=off to serve with SGLang's Triton "
-                    "kernel only."
-                )
+            self._kdtree_require_kernel()
         self.kdtree_telemetry = VerifyTelemetry(
             settings,
             tp_rank=getattr(model_runner, "tp_rank", 0),
             registry=registry,
             role=self.kdtree_role,
         )
-        pool = self.token_to_kv_pool
-        compares = self.kdtree_active and settings.compares
-        self.kdtree_recorder = (
-            ComparisonRecorder(
-                num_layers=pool.layer_num,
-                first_layer_id=getattr(pool, "start_layer", 0) or 0,
-                device=self.kdtree_device,
-                atol=settings.atol,
-                rtol=settings.rtol,
-            )
-            if compares
-            else None
-        )
-        # Validate with an fp8 pool: each side's error against the exact computation on the
-        # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
-        exact_sides = ("triton", "kdtree")
-        self.kdtree_exact_recorders = (
-            {
-                side: ComparisonRecorder(
-                    num_layers=pool.layer_num,
-                    first_layer_id=getattr(pool, "start_layer", 0) or 0,
-                    device=self.kdtree_device,
-                    atol=settings.atol,
-                    rtol=settings.rtol,
-                )
-                for side in exact_sides
-            }
-            if self.kdtree_active
-            and settings.mode is VerifyMode.VALIDATE
-            and pool.dtype == FP8_KV_DTYPE
-            else {}
-        )
+        self.kdtree_comparison = self._kdtree_build_comparison()
         self.kdtree_shadow_gate = (
             ShadowGate(self.req_to_token_pool.size, self.kdtree_device)
             if self.kdtree_active and settings.mode is VerifyMode.ON and settings.shadow_every
             else None
         )
-        self.kdtree_marshal = VerifyMarshal(self.kdtree_device, self.num_head, pool.dtype)
+        self.kdtree_marshal = VerifyMarshal(
+            self.kdtree_device, self.num_head, self.token_to_kv_pool.dtype
+        )
+        self._kdtree_init_forward_state()
+        # A fault edits target verify only (never the draft runner's draft extend).
+        self.kdtree_fault = settings.fault if self.kdtree_active and not is_draft else None
+        self._kdtree_log_set_up(is_draft)
+
+    def _kdtree_require_kernel(self) -> None:
+        status = kernel_status(self.kdtree_device)
+        if not status.usable:
+            raise RuntimeError(
+                f"KDTREE_VERIFY={self.kdtree_settings.mode.value} needs the kdtree verify kernel, "
+                f"but {status.detail}. Set KDTREE_VERIFY=off to serve with SGLang's Triton "
+                "kernel only."
+            )
+
+    def _kdtree_build_comparison(self) -> VerifyComparison | None:
+        """The comparison, when any forward of this backend runs one."""
+        settings = self.kdtree_settings
+        if not (self.kdtree_active and settings.compares):
+            return None
+        pool = self.token_to_kv_pool
+        return VerifyComparison(
+            self.kdtree_telemetry,
+            num_layers=pool.layer_num,
+            first_layer_id=getattr(pool, "start_layer", 0) or 0,
+            device=self.kdtree_device,
+            atol=settings.atol,
+            rtol=settings.rtol,
+            validate_every=settings.validate_every,
+            # Validate with an fp8 pool: each side's error against the exact computation on the
+            # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
+            vs_exact=settings.mode is VerifyMode.VALIDATE and pool.dtype == FP8_KV_DTYPE,
+        )
+
+    def _kdtree_init_forward_state(self) -> None:
         # batch size of a captured verify graph -> the inputs its kernel calls reference.
         self._kdtree_graph_inputs: dict[int, VerifyInputs] = {}
         self.kdtree_step = 0
-        self._kdtree_phase = "eager"  # or "capture": set by each verify forward's metadata
+        self.kdtree_forward = KdtreeForward()  # replaced by each verify forward's metadata
         self._kdtree_capture_key: int | None = None
         self._kdtree_shadow_now = False
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+
+    def _kdtree_log_set_up(self, is_draft: bool) -> None:
         # The pid shows which process built the backend: a scheduler, never the launcher.
         if not is_draft:
             served = "target"
         else:
             served = "draft runner, draft extend" if self.kdtree_active else "draft runner, stock"
         logger.info(
-            "kdtree verify backend (%s) in pid %d: %s", served, os.getpid(), settings.describe()
+            "kdtree verify backend (%s) in pid %d: %s",
+            served,
+            os.getpid(),
+            self.kdtree_settings.describe(),
         )
-        # A fault edits target verify only (never the draft runner's draft extend).
-        self.kdtree_fault = settings.fault if self.kdtree_active and not is_draft else None
         if self.kdtree_fault is not None:
             logger.warning(
                 banner(self.kdtree_fault, f"the SGLang verify backend (pid {os.getpid()})")
             )
+
+    @property
+    def kdtree_recorder(self) -> ComparisonRecorder | None:
+        """The kernel-vs-Triton recorder, None when nothing is compared."""
+        comparison = self.kdtree_comparison
+        return comparison.recorder if comparison is not None else None
+
+    @property
+    def kdtree_exact_recorders(self) -> dict[str, ComparisonRecorder]:
+        """Side -> its recorder against the exact computation (validate with an fp8 pool)."""
+        comparison = self.kdtree_comparison
+        return comparison.exact_recorders if comparison is not None else {}
 
     def _kdtree_serves(self, forward_mode: Any) -> bool:
         """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
@@ -190,7 +205,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
     def init_forward_metadata(self, forward_batch: Any) -> None:
         super().init_forward_metadata(forward_batch)
         if self._kdtree_serves(forward_batch.forward_mode):
-            self._kdtree_begin_forward(phase="eager", batch_size=None)
+            self._kdtree_begin_forward(Phase.EAGER, batch_size=None)
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
@@ -198,30 +213,34 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             # The graph's batch size as the parent reads it: SGLang's draft-extend graph runner
             # hands over its whole req_pool_indices buffer, longer than the batch.
             self._kdtree_begin_forward(
-                phase="capture" if in_capture else "replay",
+                Phase.CAPTURE if in_capture else Phase.REPLAY,
                 batch_size=forward_batch.batch_size,
             )
 
-    def _kdtree_begin_forward(self, phase: str, batch_size: int | None) -> None:
+    def _kdtree_begin_forward(self, phase: Phase, batch_size: int | None) -> None:
         """Once per verify forward, after the parent's metadata: marshal, count, publish, gate."""
-        if phase in ("eager", "capture"):
+        if phase is Phase.REPLAY:
+            # The captured calls keep the inputs they were captured with.
+            self.kdtree_forward.phase = phase
+        else:
             metadata = self.forward_metadata
-            metadata.kdtree_inputs = faulty_inputs(
-                self.kdtree_marshal.build(metadata, for_graph=phase == "capture"),
+            forward = KdtreeForward(phase, metadata)
+            forward.inputs = faulty_inputs(
+                self.kdtree_marshal.build(metadata, for_graph=phase is Phase.CAPTURE),
                 self.kdtree_fault,
                 phase,
             )
-            if phase == "capture":
-                self._kdtree_graph_inputs[batch_size] = metadata.kdtree_inputs
-            if self.kdtree_shadow_gate is not None and phase == "capture":
+            if phase is Phase.CAPTURE:
+                self._kdtree_graph_inputs[batch_size] = forward.inputs
+            if self.kdtree_shadow_gate is not None and phase is Phase.CAPTURE:
                 batch = metadata.qo_indptr.shape[0]
-                metadata.kdtree_shadow_metadata = dataclasses.replace(
+                forward.shadow_metadata = dataclasses.replace(
                     metadata,
                     qo_indptr=self.kdtree_shadow_gate.qo_indptr[:batch],
                     kv_indptr=self.kdtree_shadow_gate.kv_indptr[:batch],
                 )
-        self._kdtree_phase = "capture" if phase == "capture" else "eager"
-        if phase == "capture":
+            self.kdtree_forward = forward
+        if phase is Phase.CAPTURE:
             # Capture runs (warm-ups included) are not serving steps: record routes only.
             self._kdtree_capture_key = batch_size
             self._kdtree_graph_routes[batch_size] = {}
@@ -230,10 +249,10 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return
 
         self.kdtree_step += 1
-        self.kdtree_telemetry.verify_steps(graph_replay=phase == "replay")
+        self.kdtree_telemetry.verify_steps(graph_replay=phase is Phase.REPLAY)
         shadow_every = self.kdtree_settings.shadow_every
         self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
-        if phase == "replay":
+        if phase is Phase.REPLAY:
             self._kdtree_refresh_plan(batch_size)
             self._kdtree_count_replay(batch_size)
             if self.kdtree_shadow_gate is not None:
@@ -272,37 +291,13 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_publish(self) -> None:
         """Outside any graph: report a finished snapshot; start a new one every N steps."""
-        recorder = self.kdtree_recorder
-        if recorder is None:
-            return
-        stats = recorder.collect()
-        if stats is not None:
-            self.kdtree_telemetry.publish(self.kdtree_step, stats)
-        self._kdtree_publish_vs_exact()
-        if self.kdtree_step % self.kdtree_settings.validate_every == 0:
-            recorder.snapshot()
-            for exact in self.kdtree_exact_recorders.values():
-                exact.snapshot()
-
-    def _kdtree_publish_vs_exact(self) -> None:
-        collected = {side: r.collect() for side, r in self.kdtree_exact_recorders.items()}
-        if collected and all(stats is not None for stats in collected.values()):
-            self.kdtree_telemetry.publish_vs_exact(self.kdtree_step, collected)
+        if self.kdtree_comparison is not None:
+            self.kdtree_comparison.publish(self.kdtree_step)
 
     def kdtree_flush(self) -> None:
         """Publish what has been recorded so far (waits for the device; not for the hot path)."""
-        recorder = self.kdtree_recorder
-        if recorder is None:
-            return
-        recorder.snapshot()
-        for exact in self.kdtree_exact_recorders.values():
-            exact.snapshot()
-        if self.kdtree_device.type == "cuda":
-            torch.cuda.synchronize(self.kdtree_device)
-        stats = recorder.collect()
-        if stats is not None:
-            self.kdtree_telemetry.publish(self.kdtree_step, stats)
-        self._kdtree_publish_vs_exact()
+        if self.kdtree_comparison is not None:
+            self.kdtree_comparison.flush(self.kdtree_step)
 
     # ------------------------------------------------------------------------- per layer
 
@@ -312,7 +307,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Why the kernel cannot serve this layer call, or None if it can."""
         if k is None or v is None:
             return "no_draft_kv"
-        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        inputs = self.kdtree_forward.inputs_for(self.forward_metadata)
         if inputs is not None and q.shape[0] != inputs.total_tokens:
             # The plan is sized for N tokens per request; ragged extends are Triton's.
             return "token_count"
@@ -361,7 +356,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     @torch.compiler.disable
     def _kdtree_note_route(self, layer_id: int, route: str) -> None:
-        if self._kdtree_phase == "capture":
+        if self.kdtree_forward.phase is Phase.CAPTURE:
             self._kdtree_graph_routes[self._kdtree_capture_key][layer_id] = route
         elif route == KERNEL_ROUTE:
             self.kdtree_telemetry.kernel_calls()
@@ -369,10 +364,12 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.kdtree_telemetry.fallbacks(route)
 
     def _kdtree_inputs(self) -> VerifyInputs:
-        inputs = getattr(self.forward_metadata, "kdtree_inputs", None)
+        inputs = self.kdtree_forward.inputs_for(self.forward_metadata)
         if inputs is None:  # metadata built by a path that bypassed our hooks
             inputs = self.kdtree_marshal.build(self.forward_metadata)
-            self.forward_metadata.kdtree_inputs = inputs
+            self.kdtree_forward = KdtreeForward(
+                self.kdtree_forward.phase, self.forward_metadata, inputs
+            )
         return inputs
 
     def _kdtree_kernel(
@@ -401,8 +398,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
 
     def _kdtree_triton(self, q, k, v, layer, forward_batch, save_kv_cache: bool):
         """The parent's computation; on a captured on-mode graph, gated by the shadow switch."""
-        shadow_metadata = getattr(self.forward_metadata, "kdtree_shadow_metadata", None)
-        if self._kdtree_phase != "capture" or shadow_metadata is None:
+        shadow_metadata = self.kdtree_forward.shadow_metadata_for(self.forward_metadata)
+        if self.kdtree_forward.phase is not Phase.CAPTURE or shadow_metadata is None:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         metadata, self.forward_metadata = self.forward_metadata, shadow_metadata
         try:
@@ -482,15 +479,16 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False)
         self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
         gate = self.kdtree_shadow_gate
+        capturing = self.kdtree_forward.phase is Phase.CAPTURE
         if self.kdtree_recorder is not None and (
-            self._kdtree_shadow_now or (self._kdtree_phase == "capture" and gate is not None)
+            self._kdtree_shadow_now or (capturing and gate is not None)
         ):
             triton_out = self._kdtree_triton(q, k, v, layer, forward_batch, save_kv_cache=False)
             self.kdtree_recorder.record(
                 layer.layer_id,
                 kernel_out,
                 triton_out,
-                gate=gate.open if self._kdtree_phase == "capture" and gate is not None else None,
+                gate=gate.open if capturing and gate is not None else None,
             )
         attn_out = getattr(forward_batch, "_attn_output", None)
         if attn_out is not None:

@@ -20,6 +20,7 @@ serving stream never waits for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -161,3 +162,67 @@ class ShadowGate:
         else:
             self.qo_indptr.zero_()
             self.kv_indptr.zero_()
+
+
+class VerifyComparison:
+    """The comparison a backend runs in validate mode or with the shadow: the kernel-vs-Triton
+    recorder and, in validate mode with an fp8 pool, each side's recorder against the exact
+    computation on the stored values; published through the backend's telemetry."""
+
+    EXACT_SIDES = ("triton", "kdtree")
+
+    def __init__(
+        self,
+        telemetry: Any,
+        *,
+        num_layers: int,
+        first_layer_id: int,
+        device: torch.device,
+        atol: float,
+        rtol: float,
+        validate_every: int,
+        vs_exact: bool,
+    ) -> None:
+        def recorder() -> ComparisonRecorder:
+            return ComparisonRecorder(
+                num_layers=num_layers,
+                first_layer_id=first_layer_id,
+                device=device,
+                atol=atol,
+                rtol=rtol,
+            )
+
+        self.telemetry = telemetry
+        self.device = device
+        self.validate_every = validate_every
+        self.recorder = recorder()
+        # side -> its error against the exact computation (the kernel's fp16-operand mode).
+        self.exact_recorders: dict[str, ComparisonRecorder] = (
+            {side: recorder() for side in self.EXACT_SIDES} if vs_exact else {}
+        )
+
+    def publish(self, step: int) -> None:
+        """Outside any graph: report a finished snapshot; start a new one every N steps."""
+        self._publish(step)
+        if step % self.validate_every == 0:
+            self._snapshot()
+
+    def flush(self, step: int) -> None:
+        """Publish what has been recorded so far (waits for the device; not for the hot path)."""
+        self._snapshot()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._publish(step)
+
+    def _snapshot(self) -> None:
+        self.recorder.snapshot()
+        for exact in self.exact_recorders.values():
+            exact.snapshot()
+
+    def _publish(self, step: int) -> None:
+        stats = self.recorder.collect()
+        if stats is not None:
+            self.telemetry.publish(step, stats)
+        collected = {side: r.collect() for side, r in self.exact_recorders.items()}
+        if collected and all(stats is not None for stats in collected.values()):
+            self.telemetry.publish_vs_exact(step, collected)

@@ -12,6 +12,7 @@ of them set is refused. ``weight`` faults are not served here: write a perturbed
 from __future__ import annotations
 
 from ..faults import Fault, apply_to_layout
+from .forward_state import Phase
 from .marshal import VerifyInputs
 
 LAYOUT_KINDS = ("kv_drop", "tree_mask")
@@ -21,12 +22,12 @@ class FaultNeedsEagerError(RuntimeError):
     """A layout fault met a CUDA-graph capture, where the host cannot read the indices."""
 
 
-def faulty_inputs(inputs: VerifyInputs, fault: Fault | None, phase: str) -> VerifyInputs:
+def faulty_inputs(inputs: VerifyInputs, fault: Fault | None, phase: Phase) -> VerifyInputs:
     """``inputs`` with ``fault``'s layout edit, the kernel plan re-planned on the edited
     indices; unchanged for no fault or a ``scale`` fault. ``phase``: eager, capture or replay."""
     if fault is None or fault.kind not in LAYOUT_KINDS:
         return inputs
-    if phase != "eager":
+    if phase is not Phase.EAGER:
         raise FaultNeedsEagerError(
             f"KDTREE_INJECT_FAULT={fault.describe()} edits the verify indices on the host and "
             "cannot be captured in a CUDA graph: start the server with --disable-cuda-graph"
