@@ -188,8 +188,9 @@ def test_a_draft_attention_backend_goes_to_sglang_for_a_draft_model_only() -> No
 
 
 def test_the_draft_attention_backends_are_sglangs_choices() -> None:
-    choices = pytest.importorskip("sglang.srt.arg_groups.choices")
-    assert set(DRAFT_ATTENTION_BACKENDS) == set(choices.DRAFT_ATTENTION_BACKEND_CHOICES)
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+
+    assert set(DRAFT_ATTENTION_BACKENDS) == set(DRAFT_ATTENTION_BACKEND_CHOICES)
 
 
 def test_the_draft_attention_option_is_refused_without_a_draft_model(tmp_path, capsys) -> None:
