@@ -595,10 +595,7 @@ class ShapeBench:
         rec["triton_extend_us"] = None
         rec["max_abs_diff_vs_extend"] = None
         if self.extend_fwd is not None and B * P <= EXTEND_MAX_B_X_PREFIX:
-            if self.fp8:
-                self.time_triton_fp8_extend(rec, inp, out, kdtree_call, triton_mode_call)
-            else:
-                self.time_triton_extend(rec, inp, out, kdtree_call)
+            self.time_triton_extend(rec, inp, out, kdtree_call, triton_mode_call)
         rec["triton_shared_kv_us"] = None
         if self.shared_kv_fwd is not None:
             self.time_shared_kv(rec, inp, out)
@@ -660,42 +657,19 @@ class ShapeBench:
             )
         return kdtree_call, triton_mode_call
 
-    def time_triton_fp8_extend(
-        self, rec: dict, inp: dict, out, kdtree_call: Callable, triton_mode_call: Callable
+    def time_triton_extend(
+        self, rec: dict, inp: dict, out, kdtree_call: Callable, triton_mode_call: Callable | None
     ) -> None:
-        """SGLang's Triton extend kernel on the fp8 pool, and both our numerics against it."""
+        """SGLang's Triton extend kernel on the run's pool, and our result against it (fp8: both
+        our numerics, under the fp8 keys)."""
         ext_out = torch.empty_like(out)
         ext_meta = forward_metadata(inp, self.sm_scale)
-        pool_fp8, T = self.pool_fp8, rec["T"]
-
-        def fp8_extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
-            sglang_extend_attention(
-                meta,
-                inp["q"],
-                inp["k_ext"],
-                inp["v_ext"],
-                pool_fp8,
-                pool_fp8[..., :DV],
-                max_draft_tokens=T,
-                k_scale=FP8_K_SCALE,
-                v_scale=FP8_V_SCALE,
-                out=ext_out,
-            )
-
-        rec["triton_fp8_extend_us"] = round(self.timer.per_call_us(fp8_extend_call, reps=3), 1)
-        kdtree_call()
-        rec["max_abs_diff_vs_triton_fp8"] = float((out.float() - ext_out.float()).abs().max())
-        triton_mode_call()
-        rec["max_abs_diff_triton_numerics_vs_triton_fp8"] = float(
-            (out.float() - ext_out.float()).abs().max()
-        )
-        rec["speedup_vs_triton_fp8"] = round(rec["triton_fp8_extend_us"] / rec["kdtree_us"], 1)
-
-    def time_triton_extend(self, rec: dict, inp: dict, out, kdtree_call: Callable) -> None:
-        """SGLang's Triton extend kernel on the bf16 pool, and our result against it."""
-        ext_out = torch.empty_like(out)
-        ext_meta = forward_metadata(inp, self.sm_scale)
-        pool, T = self.pool, rec["T"]
+        if self.fp8:
+            k_buf, v_buf, suffix = self.pool_fp8, self.pool_fp8[..., :DV], "triton_fp8"
+            scales = {"k_scale": FP8_K_SCALE, "v_scale": FP8_V_SCALE}
+        else:
+            k_buf, v_buf, suffix, scales = self.pool.k, self.pool.v, "extend", {}
+        T = rec["T"]
 
         def extend_call(inp=inp, ext_out=ext_out, T=T, meta=ext_meta):
             sglang_extend_attention(
@@ -703,16 +677,23 @@ class ShapeBench:
                 inp["q"],
                 inp["k_ext"],
                 inp["v_ext"],
-                pool.k,
-                pool.v,
+                k_buf,
+                v_buf,
                 max_draft_tokens=T,
                 out=ext_out,
+                **scales,
             )
 
-        rec["triton_extend_us"] = round(self.timer.per_call_us(extend_call, reps=3), 1)
+        time_key = "triton_fp8_extend_us" if self.fp8 else "triton_extend_us"
+        rec[time_key] = round(self.timer.per_call_us(extend_call, reps=3), 1)
         kdtree_call()
-        rec["max_abs_diff_vs_extend"] = float((out.float() - ext_out.float()).abs().max())
-        rec["speedup_vs_extend"] = round(rec["triton_extend_us"] / rec["kdtree_us"], 1)
+        rec[f"max_abs_diff_vs_{suffix}"] = float((out.float() - ext_out.float()).abs().max())
+        if triton_mode_call is not None:
+            triton_mode_call()
+            rec["max_abs_diff_triton_numerics_vs_triton_fp8"] = float(
+                (out.float() - ext_out.float()).abs().max()
+            )
+        rec[f"speedup_vs_{suffix}"] = round(rec[time_key] / rec["kdtree_us"], 1)
 
     def time_shared_kv(self, rec: dict, inp: dict, out) -> None:
         """SGLang's verify_shared_kv_fwd where it accepts the shape (it declines tree masks)."""
