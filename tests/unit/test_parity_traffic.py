@@ -306,6 +306,20 @@ def test_accept_length_below_the_floor_by_more_than_the_margin_fails() -> None:
     assert reason.outcome == "pass" and "not measured" in reason.message
 
 
+def test_accept_length_is_judged_against_the_baseline_never_the_floor() -> None:
+    """A floor drafting EAGLE's chain under a DDTree baseline accepts more per step (4 tokens in
+    1 step here) by design: the candidate, matching the baseline's 2.0, passes."""
+    plain = [exact(f"p{i}") for i in range(4)]
+    with_floor = [
+        dataclasses.replace(r, outcomes={**r.outcomes, "floor": r.outcomes["aa"]}) for r in plain
+    ]
+    results = [_sized(r, 100, verify=1, role="floor") for r in with_floor]
+    assert all(r.outcomes["floor"].generation.accept_length == 4.0 for r in results)
+    verdict = judge(results, 4, _gate(max_accept_length_drop=0.1)).verdict
+    (reason,) = [r for r in verdict.reasons if r.rule == "accept_length"]
+    assert reason.outcome == "pass" and "2.000 vs baseline 2.000" in reason.message, reason
+
+
 def test_a_candidate_that_stops_reporting_accept_length_fails() -> None:
     base = ok(dataclasses.replace(generation([1, 2]), completion_tokens=2, spec_verify_ct=1))
     cand = ok(generation([1, 2]))

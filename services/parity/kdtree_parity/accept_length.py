@@ -3,9 +3,11 @@
 SGLang reports a finished request's verify forwards as ``meta_info.spec_verify_ct``; with its
 ``completion_tokens`` that gives the accept length (``Generation.accept_length``). A verify bug
 that still produces the right tokens shows up here first, as fewer draft tokens accepted per
-step. The candidate is compared with the floor (the A/A' target when the run has one, else the
-baseline) over the prompts where both report it: the mean of the candidate's accept lengths
-over the floor's, refused when it is more than ``max_accept_length_drop`` below 1.
+step. The candidate is compared with the baseline over the prompts where both report it: the
+mean of the candidate's accept lengths over the baseline's, refused when it is more than
+``max_accept_length_drop`` below 1. Never with an A/A' floor: a floor that drafts another shape
+(EAGLE's chain under a tree, the recommended one) accepts another number of tokens per step by
+design, so its accept length is no reference for the candidate's draft.
 """
 
 from __future__ import annotations
@@ -47,16 +49,11 @@ class AcceptLengths:
         return fmean(values) if values else None
 
 
-def floor_role(results: Sequence[PromptResult]) -> str:
-    """The role the candidate's accept length is judged against."""
-    return "floor" if any("floor" in r.outcomes for r in results) else "baseline"
-
-
 def accept_length_reason(
     results: Sequence[PromptResult], gate: GateSettings, where: str = ""
 ) -> Reason:
     """The accept-length rule over ``results`` (answers with errors left out)."""
-    reference = floor_role(results)
+    reference = "baseline"  # the candidate's own draft and configuration, verified by off
     pairs = [
         (c, f)
         for r in results

@@ -218,8 +218,8 @@ class GateSettings(_Strict):
         ge=0,
         lt=1,
         description="the candidate's mean accept length (tokens per speculative verify step) may "
-        "be at most this fraction below the floor's (the A/A' target's, else the baseline's), "
-        "overall and in every length bucket (null: not judged)",
+        "be at most this fraction below the baseline's (never an A/A' floor's, which may draft "
+        "another shape), overall and in every length bucket (null: not judged)",
     )
 
 
