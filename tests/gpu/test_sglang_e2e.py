@@ -92,6 +92,9 @@ class E2EConfig:
     floor: dict | None = None
     # The gate's policy, calibrated to the preset's logits (its header says how).
     policy: Path = MODELS / "parity_policy.yaml"
+    # Prompt lengths of the one ragged batch every pair replays (its longest sets how far into
+    # the context the batched verify reaches beside short rows).
+    batch_lengths: tuple[int, ...] = (17, 40, 64, 96, 128, 200, 333, 512)
 
     @property
     def floor_server(self) -> str | None:
@@ -140,6 +143,16 @@ CONFIGS = {
         {"speculation": "ddtree", "budget": 64},
         mem_fraction=0.09,
         floor={"speculation": "chain"},
+    ),
+    # DDTree on Kimi K2's rank at budget 64, one batch reaching 45k tokens beside short rows.
+    "ddtree-kimi": E2EConfig(
+        "kimi-rank",
+        {"speculation": "ddtree", "budget": 64},
+        eager_pair=False,
+        mem_fraction=0.16,
+        floor={"speculation": "chain"},
+        policy=MODELS / "parity_policy_kimi_rank.yaml",
+        batch_lengths=(17, 40, 64, 96, 128, 200, 333, 45000),
     ),
     "kimi": E2EConfig(
         "kimi-rank",
@@ -240,7 +253,7 @@ def _requests() -> tuple[list[CorpusEntry], list[CorpusEntry]]:
     """(one-at-a-time entries, the batch-8 entries).
 
     One at a time: 12 prompts of the short corpus and two long input_ids prompts. The batch: 8
-    input_ids prompts, because SGLang hands a batch of token ids to its scheduler in one message
+    input_ids prompts of the family's ``batch_lengths``, because SGLang hands a batch of token ids to its scheduler in one message
     (a batch of texts goes one request at a time, so which of them share the first prefill, and
     so its numerics, would depend on timing).
     """
@@ -253,7 +266,7 @@ def _requests() -> tuple[list[CorpusEntry], list[CorpusEntry]]:
         CorpusEntry(
             id=f"batch-{b}", input_ids=tuple(2 + (i * 13 + 97 * b) % 4000 for i in range(n))
         )
-        for b, n in enumerate((17, 40, 64, 96, 128, 200, 333, 512))
+        for b, n in enumerate(CONFIG.batch_lengths)
     ]
     return corpus[:12] + long_prompts, batch
 
