@@ -76,6 +76,16 @@ def test_an_empty_variable_means_its_default(clean_env) -> None:
     assert settings.image is None and settings.health_timeout == 1800
 
 
+def test_a_bad_variable_is_refused_in_one_line_naming_it(clean_env, capsys) -> None:
+    clean_env.setenv("KDTREE_HEALTH_TIMEOUT", "ten")
+    clean_env.setenv("KDTREE_GATE_PROFILE", "gpu")
+    assert cli.main(["promote"]) == ExitCode.ERROR
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("error: KDTREE_GATE_PROFILE='gpu': expected"), lines
+    assert lines[1].startswith("KDTREE_HEALTH_TIMEOUT='ten': expected an integer"), lines
+
+
 def test_every_gate_profile_name_has_a_profile() -> None:
     assert set(GATE_PROFILES) == set(get_args(GateProfileName))
 

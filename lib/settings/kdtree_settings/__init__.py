@@ -1,7 +1,8 @@
 """The one dialect of kdtree's environment settings.
 
 Every package's settings model (``kdtree_inference.settings.InferenceSettings``,
-``kdtree_parity.settings.ParitySettings``, ``kdtree_verify._settings.BuildSettings``) derives from
+``kdtree_parity.settings.ParitySettings``, ``kdtree_parity.promote.settings.PromoteSettings``,
+``kdtree_verify._settings.BuildSettings``) derives from
 :class:`EnvSettings`, so all of them:
 
 - read the process environment, or a given mapping instead of it (``from_env(env)``: then

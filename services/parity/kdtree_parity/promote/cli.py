@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
+from kdtree_settings import SettingsError
 
 from kdtree_parity.exit_codes import ExitCode
 from kdtree_parity.promote.docker import Docker
@@ -167,7 +167,7 @@ def _run_rollback(args: argparse.Namespace, docker: Docker) -> int:
 
 
 def build_parser(settings: PromoteSettings | None = None) -> argparse.ArgumentParser:
-    settings = settings or PromoteSettings()
+    settings = settings or PromoteSettings.from_env()
     parser = argparse.ArgumentParser(
         prog="python -m kdtree_parity.promote",
         description="Gate an inference image with the parity sidecar and promote it to stable.",
@@ -212,14 +212,6 @@ def build_parser(settings: PromoteSettings | None = None) -> argparse.ArgumentPa
     return parser
 
 
-def _settings_error(exc: ValidationError) -> str:
-    problems = [
-        f"KDTREE_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}"
-        for e in exc.errors()
-    ]
-    return "error: " + "; ".join(problems)
-
-
 def _print_refusal(verdict: str, reasons: Sequence[str]) -> None:
     print(f"NOT PROMOTED: the parity gate said {verdict}", file=sys.stderr)
     for reason in reasons:
@@ -228,9 +220,9 @@ def _print_refusal(verdict: str, reasons: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings = PromoteSettings()
-    except ValidationError as exc:
-        print(_settings_error(exc), file=sys.stderr)
+        settings = PromoteSettings.from_env()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
     args = build_parser(settings).parse_args(argv)
     args.image = args.image or GATE_PROFILES[args.gate_profile].default_image

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kdtree_settings import EnvSettings
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from kdtree_parity.promote.errors import PromotionError
 from kdtree_parity.promote.profiles import GateProfileName
@@ -15,8 +16,11 @@ from kdtree_parity.promote.profiles import GateProfileName
 CUDA_ARCHS_FILE = Path("kernel/kdtree_verify/cuda_archs.txt")
 
 
-class PromoteSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KDTREE_", env_ignore_empty=True)
+class PromoteSettings(EnvSettings):
+    """Read once when promote starts (``from_env``); a bad variable is refused in the shared
+    dialect, one line each."""
+
+    model_config = SettingsConfigDict(env_prefix="KDTREE_", extra="ignore", frozen=True)
 
     gate_profile: GateProfileName = Field(
         "gate",
