@@ -8,8 +8,8 @@
 #
 # Phases:
 #   tests        every GPU test but the end-to-end file (tests/gpu, against the installed packages
-#                and SGLang's real code), then `kdtree-selfcheck` as an operator runs it (its
-#                reports in $OUT/selfcheck)
+#                and SGLang's real code; TESTS_ONLY=FILE: the test ids listed there), then
+#                `kdtree-selfcheck` as an operator runs it (its reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
 #                ddtree, ddtree-64, ddtree-kimi, kimi; default eagle): validate == off, the parity gate
 #   speed        bench/kdtree_bench/e2e/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
@@ -109,8 +109,11 @@ run_phase() {
     tests)
       # The checkout's tests, the installed packages: the tests' own imports of kdtree_verify and
       # kdtree_inference resolve to $site, not to the tree.
+      # TESTS_ONLY: a file of test ids, one a line (e.g. what a run cut at its limit left).
+      tests=(tests/gpu --ignore=tests/gpu/test_sglang_e2e.py)
+      [ -z "${TESTS_ONLY:-}" ] || mapfile -t tests <"$TESTS_ONLY"
       timeout "${TESTS_TIMEOUT:-330}" python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" \
-        --durations=10 tests/gpu --ignore=tests/gpu/test_sglang_e2e.py >"$OUT/tests.log" 2>&1 || true
+        --durations=10 "${tests[@]}" >"$OUT/tests.log" 2>&1 || true
       tail -3 "$OUT/tests.log"
       timeout "${SELFCHECK_TIMEOUT:-200}" kdtree-selfcheck --out "$OUT/selfcheck" >"$OUT/selfcheck.log" 2>&1
       say "kdtree-selfcheck exit $?" ;;
