@@ -22,8 +22,8 @@ from monitoring_kit import (
 from prometheus_client import CollectorRegistry
 
 from kdtree_inference.engine.metrics import EngineMetrics
-from kdtree_inference.sglang.modes import VerifySettings
-from kdtree_inference.sglang.telemetry import ROLES, VerifyTelemetry
+from kdtree_inference.sglang.modes import Role, VerifySettings
+from kdtree_inference.sglang.telemetry import VerifyTelemetry
 from kdtree_parity.service import _Metrics as ParityMetrics
 
 
@@ -59,7 +59,7 @@ def exported_names() -> set[str]:
     """Every sample name the engine, the SGLang backend (both roles) and the parity service
     export (a counter's ``_total``, a histogram's ``_bucket``/``_sum``/``_count``)."""
     registries = [EngineMetrics("validate").registry, ParityMetrics().registry]
-    for role in ROLES:
+    for role in Role:
         registry = CollectorRegistry()
         VerifyTelemetry(VerifySettings(), registry=registry, role=role)
         registries.append(registry)

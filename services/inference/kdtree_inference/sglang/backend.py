@@ -49,7 +49,7 @@ from .extension import kernel_status
 from .fault_injection import faulty_inputs
 from .forward_state import KdtreeForward, Phase
 from .marshal import VerifyInputs, VerifyMarshal
-from .modes import VerifyMode, VerifySettings
+from .modes import Role, VerifyMode, VerifySettings
 from .telemetry import VerifyTelemetry
 
 logger = logging.getLogger("kdtree.verify")
@@ -98,7 +98,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         )
         self.kdtree_device = torch.device(self.device)
         is_draft = bool(getattr(model_runner, "is_draft_worker", False))
-        self.kdtree_role = "draft_extend" if is_draft else "target_verify"
+        self.kdtree_role = Role.DRAFT_EXTEND if is_draft else Role.TARGET_VERIFY
         self.kdtree_active = settings.mode is not VerifyMode.OFF and (
             settings.draft_extend or not is_draft
         )
@@ -196,7 +196,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """Whether this backend's mode decides ``forward_mode``'s attention (see module doc)."""
         if not self.kdtree_active:
             return False
-        if self.kdtree_role == "draft_extend":
+        if self.kdtree_role is Role.DRAFT_EXTEND:
             return forward_mode.is_draft_extend_v2()
         return forward_mode.is_target_verify()
 

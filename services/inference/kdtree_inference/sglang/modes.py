@@ -8,6 +8,7 @@ into what the backend uses, with the rules that span variables (a fault needs ``
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,6 +45,19 @@ FP8_POOL_ATOL = 0.125
 """With an fp8 pool both sides round P to e4m3 (fp8_numerics="triton"); a weight whose fp32 score
 sums in another order lands on the other side of a rounding boundary and moves the output by one
 e4m3 step of that weight (2^-4 below 1) times its value row (|v| up to about 2 here)."""
+
+
+class Role(enum.StrEnum):
+    """The forward a backend serves: the target's tree verify, or EAGLE's draft extend (in the
+    draft worker)."""
+
+    TARGET_VERIFY = "target_verify"
+    DRAFT_EXTEND = "draft_extend"
+
+    @property
+    def metric_prefix(self) -> str:
+        """The prefix of this role's metric names."""
+        return "kdtree_verify" if self is Role.TARGET_VERIFY else "kdtree_draft_extend"
 
 
 @dataclass(frozen=True)

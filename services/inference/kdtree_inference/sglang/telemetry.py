@@ -47,12 +47,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .comparison import LayerStats
-from .modes import VerifyMode, VerifySettings
+from .modes import Role, VerifyMode, VerifySettings
 
 logger = logging.getLogger("kdtree.verify")
 
-ROLES = {"target_verify": "kdtree_verify", "draft_extend": "kdtree_draft_extend"}
-"""The forward each role serves -> the prefix of its metric names."""
 PUBLISH_EVENT = "kdtree_verify_publish"
 INVALID_INPUTS = "invalid_inputs"
 """The fallback reason of a call whose inputs the op rejected (an alert of its own)."""
@@ -89,7 +87,7 @@ def _metrics(registry: Any | None, prefix: str = "kdtree_verify") -> _Metrics:
     if found is not None:
         return found
     rank = ["tp_rank"]
-    forward = "Target-verify" if prefix == ROLES["target_verify"] else "Draft-extend"
+    forward = "Target-verify" if prefix == Role.TARGET_VERIFY.metric_prefix else "Draft-extend"
     made = _Metrics(
         mode=Gauge(
             f"{prefix}_mode",
@@ -189,13 +187,11 @@ class VerifyTelemetry:
         settings: VerifySettings,
         tp_rank: int = 0,
         registry: Any | None = None,
-        role: str = "target_verify",
+        role: Role = Role.TARGET_VERIFY,
     ):
-        if role not in ROLES:
-            raise ValueError(f"role: one of {sorted(ROLES)}, got {role!r}")
         self.settings = settings
         self.rank = str(tp_rank)
-        self.prefix = ROLES[role]
+        self.prefix = Role(role).metric_prefix  # a str is accepted, and refused unless a role
         self._metrics = m = _metrics(registry, self.prefix)
         self._over_streak = 0
         for mode in VerifyMode:
