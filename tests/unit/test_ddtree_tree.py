@@ -11,8 +11,10 @@ import torch
 from kdtree_inference.ddtree.tree import (
     DraftTree,
     accept_greedy,
+    best_first_nodes,
     build_tree,
     head_top_k,
+    layout_from_nodes,
     max_tree_nodes,
     verify_layout,
 )
@@ -112,6 +114,80 @@ def test_head_top_k_is_the_log_softmax_top_k_in_chunks():
     # More candidates than the vocabulary holds: all of it, best first.
     values, indices = head_top_k(hidden[:2], weight, vocab=vocab, top_k=64)
     assert indices.shape == (2, vocab) and (indices < vocab).all()
+
+
+def _batched(rng, batch, depth, top_k, ties=False):
+    draws = [draft_distributions(rng, depth, top_k, ties=ties) for _ in range(batch)]
+    tokens = torch.from_numpy(np.stack([t for t, _ in draws])).to(torch.int64)
+    # float32, as the draft's head gives them (build_tree widens each to float64 as it adds)
+    logprobs = torch.from_numpy(np.stack([lp for _, lp in draws])).to(torch.float32)
+    roots = torch.from_numpy(rng.integers(0, 50, size=batch)).to(torch.int64)
+    return roots, tokens, logprobs
+
+
+@pytest.mark.parametrize(("depth", "top_k"), [(1, 4), (3, 3), (5, 2), (6, 3), (15, 8)])
+def test_the_batched_builder_makes_build_trees_trees(depth, top_k):
+    """Scores that never tie: the same nodes, in the same order, with the same parents."""
+    rng = np.random.default_rng(depth * 10 + top_k)
+    roots, tokens, logprobs = _batched(rng, 3, depth, top_k)
+    for budget in [b for b in (0, 1, 2, 5, 16, 33, 64) if b <= max_tree_nodes(depth, top_k)]:
+        got = best_first_nodes(roots, tokens, logprobs, budget)
+        for i in range(3):
+            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
+            assert got[0][i].tolist() == tree.tokens.tolist(), (budget, i)
+            assert got[1][i].tolist() == np.maximum(tree.parents, 0).tolist(), (budget, i)
+            assert got[2][i].tolist() == tree.depths.tolist(), (budget, i)
+            assert got[3][i].tolist() == tree.scores.tolist(), (budget, i)
+
+
+@pytest.mark.parametrize(("depth", "top_k"), [(3, 3), (4, 4), (6, 2)])
+def test_the_batched_builder_on_ties_keeps_the_best_scores_as_a_tree(depth, top_k):
+    rng = np.random.default_rng(depth + top_k)
+    roots, tokens, logprobs = _batched(rng, 2, depth, top_k, ties=True)
+    for budget in (1, 4, 9, 20):
+        node_tokens, parents, depths, scores = best_first_nodes(roots, tokens, logprobs, budget)
+        for i in range(2):
+            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
+            assert scores[i].tolist() == tree.scores.tolist()  # the same scores, best first
+            for node in range(1, budget + 1):
+                parent = int(parents[i, node])
+                assert parent < node and depths[i, node] == depths[i, parent] + 1
+                # the node's token is a candidate of its depth, and its score its parent's plus
+                # that candidate's log-probability
+                level = int(depths[i, node]) - 1
+                (rank,) = np.flatnonzero(tokens[i, level].numpy() == int(node_tokens[i, node]))
+                expected = float(scores[i, parent]) + float(logprobs[i, level, rank])
+                assert float(scores[i, node]) == expected
+
+
+@pytest.mark.parametrize(
+    ("depth", "top_k", "budget"), [(5, 3, 9), (15, 1, 15), (16, 1, 16), (15, 8, 64), (2, 2, 1)]
+)
+def test_the_batched_builders_layout_equals_the_host_layout(depth, top_k, budget):
+    """Bushy trees and single chains as deep as the width allows (the ancestor closure's
+    longest path)."""
+    rng = np.random.default_rng(21)
+    roots, tokens, logprobs = _batched(rng, 3, depth, top_k)
+    prefix_lens = [0, 5, 17]
+    trees = [
+        build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget) for i in range(3)
+    ]
+    host = verify_layout(trees, prefix_lens)
+    node_tokens, parents, depths, _ = best_first_nodes(roots, tokens, logprobs, budget)
+    batched = layout_from_nodes(
+        node_tokens, parents, depths, torch.tensor(prefix_lens), prefix_lens_cpu=prefix_lens
+    )
+    for field in ("tokens", "depths", "parents", "ancestors", "positions", "custom_mask"):
+        assert torch.equal(getattr(batched, field), getattr(host, field)), field
+    assert torch.equal(
+        host.ancestors, torch.from_numpy(np.stack([tree.ancestors() for tree in trees]))
+    )
+
+
+def test_the_batched_builder_refuses_a_budget_past_every_path():
+    roots, tokens, logprobs = _batched(np.random.default_rng(0), 1, 2, 2)
+    with pytest.raises(ValueError, match="budget 7 exceeds the 6 paths"):
+        best_first_nodes(roots, tokens, logprobs, 7)
 
 
 def random_trees(rng, batch, budget, depth=5, top_k=3):

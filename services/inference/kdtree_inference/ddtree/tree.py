@@ -157,36 +157,142 @@ def verify_layout(
     widths = {tree.size for tree in trees}
     if len(widths) != 1:
         raise ValueError(f"trees of one verify must have one size, got {sorted(widths)}")
-    (width,) = widths
-    ancestors = np.stack([tree.ancestors() for tree in trees])
-    depths = np.stack([tree.depths for tree in trees])
-    prefix = np.asarray(prefix_lens, dtype=np.int64)
 
     def to(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
+    return layout_from_nodes(
+        tokens=to(np.stack([tree.tokens for tree in trees])),
+        parents=to(np.stack([np.maximum(tree.parents, 0) for tree in trees])),
+        depths=to(np.stack([tree.depths for tree in trees])),
+        prefix_lens=to(np.asarray(prefix_lens, dtype=np.int64)),
+        prefix_lens_cpu=prefix_lens,
+    )
+
+
+def layout_from_nodes(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: Sequence[int] | torch.Tensor,
+) -> VerifyLayout:
+    """The verify layout of ``[bs, W]`` trees given node by node (parents before children, the
+    root its own parent), on their device, without a host sync: ``prefix_lens_cpu`` (the same
+    lengths on the host) sizes the mask."""
+    bs, width = tokens.shape
+    device = tokens.device
+    # Row i sees node i and its ancestors: the reflexive closure of "is the parent of", by
+    # squaring the one-step relation until it spans the deepest possible path (W - 1 links):
+    # a handful of tiny batched matmuls, whatever the tree's shape, on 0/1 values that every
+    # float format holds exactly.
+    one_step = torch.eye(width, device=device).expand(bs, width, width).clone()
+    one_step.scatter_(2, parents[..., None], 1.0)
+    reach = one_step
+    for _ in range(max(width - 2, 0).bit_length()):
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
+    ancestors = reach.bool()
     # The mask is W x (prefix + W) per request, almost all of it the all-visible prefix: it is
-    # filled on the device, and only the W x W tree cells (and their flat indices) are copied
-    # there, so the host's work and the copy do not grow with the context.
+    # filled on the device, and only the W x W tree cells are written, so no work grows with
+    # the context.
+    prefix = prefix_lens.to(torch.int64)
     row_len = prefix + width
-    starts = np.concatenate([[0], np.cumsum(width * row_len)[:-1]]).astype(np.int64)
-    offsets = np.arange(width, dtype=np.int64)
+    starts = torch.cumsum(width * row_len, 0) - width * row_len
+    offsets = torch.arange(width, device=device, dtype=torch.int64)
     tree_cells = (
         starts[:, None, None]
         + offsets[None, :, None] * row_len[:, None, None]
         + prefix[:, None, None]
         + offsets[None, None, :]
     )
-    custom_mask = torch.ones(int(width * row_len.sum()), dtype=torch.uint8, device=device)
-    custom_mask[to(tree_cells.reshape(-1))] = to(ancestors.astype(np.uint8).reshape(-1))
-
+    mask_cells = width * (int(sum(int(n) for n in prefix_lens_cpu)) + bs * width)
+    custom_mask = torch.ones(mask_cells, dtype=torch.uint8, device=device)
+    custom_mask[tree_cells.reshape(-1)] = ancestors.reshape(-1).to(torch.uint8)
     return VerifyLayout(
-        tokens=to(np.stack([tree.tokens for tree in trees])),
-        depths=to(depths),
-        parents=to(np.stack([np.maximum(tree.parents, 0) for tree in trees])),
-        ancestors=to(ancestors),
-        positions=to((prefix[:, None] + depths).reshape(-1)),
+        tokens=tokens,
+        depths=depths,
+        parents=parents,
+        ancestors=ancestors,
+        positions=(prefix[:, None] + depths).reshape(-1),
         custom_mask=custom_mask,
+    )
+
+
+def best_first_nodes(
+    roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``build_tree`` for a batch, on the tensors' device and without a host sync.
+
+    ``roots`` is ``[bs]``, ``top_tokens``/``top_logprobs`` ``[bs, depth, k]`` (each depth's
+    candidates, most likely first). Returns ``(tokens, parents, depths, scores)``, each
+    ``[bs, budget + 1]``, nodes in descending score (the root first, its own parent).
+
+    The ``budget`` best paths hold, at each depth, that depth's best paths, and those are
+    children of the depth above's best ``budget``: a path's parent scores at least as much,
+    and each of ``budget`` better parents would have a first child better than it. So each
+    depth keeps its ``budget`` best of (kept parents x k) candidates, and the tree is the best
+    ``budget`` of all depths' kept paths. Scores are float64 sums, as ``build_tree`` adds them,
+    so the trees are the same wherever no two scores tie; on ties a shallower path, then an
+    earlier one of its depth, goes first (``build_tree`` breaks them by discovery order).
+    """
+    bs, depth, top_k = top_logprobs.shape
+    if budget > max_tree_nodes(depth, top_k):
+        raise ValueError(
+            f"budget {budget} exceeds the {max_tree_nodes(depth, top_k)} paths of depth "
+            f"{depth} with {top_k} candidates each"
+        )
+    logprobs = top_logprobs.to(torch.float64)
+    zero = torch.zeros((bs, 1), dtype=torch.int64, device=logprobs.device)
+    root = roots.view(bs, 1).to(torch.int64)
+    if budget == 0 or depth == 0:
+        return root, zero, zero, zero.to(torch.float64)
+    level_scores, level_parents, level_tokens = [], [], []
+    scores = torch.zeros((bs, 1), dtype=torch.float64, device=logprobs.device)
+    for level in range(min(depth, budget)):
+        # (kept parents x k) candidates, parent-major; a stable sort keeps that order on ties.
+        candidates = (scores[:, :, None] + logprobs[:, level, None, :]).reshape(bs, -1)
+        order = torch.sort(candidates, dim=1, descending=True, stable=True).indices[:, :budget]
+        scores = torch.gather(candidates, 1, order)
+        level_scores.append(scores)
+        level_parents.append(order // top_k)  # the parent's slot in the level above
+        level_tokens.append(torch.gather(top_tokens[:, level, :], 1, order % top_k))
+    # Every kept path, depth-major, then the best `budget` of them (stable: shallower first).
+    every_score = torch.cat(level_scores, dim=1)
+    chosen = torch.sort(every_score, dim=1, descending=True, stable=True).indices[:, :budget]
+    sizes = [s.shape[1] for s in level_scores]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    level_of = torch.cat([torch.full((n,), i, dtype=torch.int64) for i, n in enumerate(sizes)]).to(
+        logprobs.device
+    )
+    # Each kept path's parent as a position in the depth-major list (-1: the root).
+    parent_position = torch.cat(
+        [
+            torch.full_like(level_parents[0], -1),
+            *(p + starts[i - 1] for i, p in enumerate(level_parents) if i > 0),
+        ],
+        dim=1,
+    )
+    # Node numbers: the root 0, the chosen paths 1..budget in chosen order.
+    node_of = torch.zeros((bs, every_score.shape[1] + 1), dtype=torch.int64, device=logprobs.device)
+    node_of[:, 1:].scatter_(
+        1, chosen, torch.arange(1, budget + 1, device=logprobs.device).expand(bs, budget)
+    )
+    chosen_parent = torch.gather(parent_position, 1, chosen)
+    parents = torch.gather(node_of, 1, chosen_parent + 1)  # position -1 -> column 0 -> the root
+    zero = torch.zeros((bs, 1), dtype=torch.int64, device=logprobs.device)
+    return (
+        torch.cat(
+            [
+                roots.view(bs, 1).to(torch.int64),
+                torch.gather(torch.cat(level_tokens, 1), 1, chosen),
+            ],
+            1,
+        ),
+        torch.cat([zero, parents], 1),
+        torch.cat([zero, level_of[chosen] + 1], 1),
+        torch.cat(
+            [torch.zeros_like(zero, dtype=torch.float64), torch.gather(every_score, 1, chosen)], 1
+        ),
     )
 
 

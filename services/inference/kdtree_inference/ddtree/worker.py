@@ -6,8 +6,9 @@ step then:
 1. runs DFlash's draft over a block of ``B`` positions (the bonus token and ``B - 1`` mask
    tokens), ``B`` = the draft's block size capped at the verify width;
 2. takes each depth's top-k log-probabilities from the target's head over the draft's hidden
-   states and builds the best-first tree of ``budget`` nodes (``tree.build_tree``; on the host,
-   one device-to-host copy of ``bs x (B - 1) x k`` values per step);
+   states and builds the best-first tree of ``budget`` nodes (``tree.best_first_nodes``, the
+   batched form of ``tree.build_tree``) on the device: nothing waits for the draft, so the host
+   queues the verify while the GPU still runs the draft's attention;
 3. verifies the ``W = budget + 1`` tree nodes in one ``TARGET_VERIFY`` forward with the
    ancestor-only mask in SGLang's tree layout, so the attention backend sees an EAGLE-style
    tree (kdtree's kernel in ``on``, SGLang's Triton tree verify in ``off``);
@@ -32,10 +33,10 @@ from .options import ddtree_topk
 from .tree import (
     accept_greedy,
     accepted_kv_moves,
-    build_tree,
+    best_first_nodes,
     chain_rows,
     head_top_k,
-    verify_layout,
+    layout_from_nodes,
 )
 
 logger = logging.getLogger("kdtree.ddtree")
@@ -162,7 +163,8 @@ def ddtree_worker_class() -> type:
             )
 
         def _draft_top_k(self, batch, draft_input, prefix_lens, window, prefix_cpu):
-            """Run the draft block; return each depth's top-k (log-probs, token ids) on the host."""
+            """Run the draft block; return each depth's top-k (log-probs, token ids), each
+            ``[bs, B - 1, k]`` on the device."""
             bs, block = len(prefix_lens), self.block_size
             target_model = self.target_worker.model_runner.model
             embed_module = unwrap_lora_layer(
@@ -219,10 +221,7 @@ def ddtree_worker_class() -> type:
                 top_k=self.top_k,
             )
             depth = block - 1
-            return (
-                values.view(bs, depth, -1).cpu().numpy(),
-                indices.view(bs, depth, -1).cpu().numpy(),
-            )
+            return values.view(bs, depth, -1), indices.view(bs, depth, -1)
 
         def _decode_tree(self, batch, on_publish):
             draft_input = batch.spec_info
@@ -241,18 +240,18 @@ def ddtree_worker_class() -> type:
             width = self.verify_width
             prefix_lens = batch.seq_lens
             # The mask's row stride is prefix_len + W, read by the backend from the device's
-            # seq_lens: take the exact lengths from there (the step syncs for its top-k anyway).
+            # seq_lens: take the exact lengths from there. The step's one sync, at its start,
+            # when the GPU has finished the step before.
             prefix_cpu = prefix_lens.to("cpu", torch.int64)
             window = self._window_slots(batch, prefix_lens, width)
 
             top_logprobs, top_tokens = self._draft_top_k(
                 batch, draft_input, prefix_lens, window, prefix_cpu
             )
-            roots = draft_input.bonus_tokens.view(-1).cpu().tolist()
-            trees = [
-                build_tree(roots[i], top_tokens[i], top_logprobs[i], self.budget) for i in range(bs)
-            ]
-            layout = verify_layout(trees, prefix_cpu.tolist(), device=self.device)
+            tokens, parents, depths, _ = best_first_nodes(
+                draft_input.bonus_tokens.view(-1), top_tokens, top_logprobs, self.budget
+            )
+            layout = layout_from_nodes(tokens, parents, depths, prefix_lens, prefix_cpu)
 
             # --- verify the tree in one target forward
             plan = self._plan(batch, draft_input, prefix_lens, window)
