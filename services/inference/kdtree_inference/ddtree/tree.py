@@ -261,8 +261,12 @@ def best_first_nodes(
     chosen = torch.sort(every_score, dim=1, descending=True, stable=True).indices[:, :budget]
     sizes = [s.shape[1] for s in level_scores]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    level_of = torch.cat([torch.full((n,), i, dtype=torch.int64) for i, n in enumerate(sizes)]).to(
-        logprobs.device
+    # Filled on the device: a host tensor copied there would wait for the draft (a sync).
+    depth_of = torch.cat(
+        [
+            torch.full((n,), i + 1, dtype=torch.int64, device=logprobs.device)
+            for i, n in enumerate(sizes)
+        ]
     )
     # Each kept path's parent as a position in the depth-major list (-1: the root).
     parent_position = torch.cat(
@@ -279,20 +283,11 @@ def best_first_nodes(
     )
     chosen_parent = torch.gather(parent_position, 1, chosen)
     parents = torch.gather(node_of, 1, chosen_parent + 1)  # position -1 -> column 0 -> the root
-    zero = torch.zeros((bs, 1), dtype=torch.int64, device=logprobs.device)
     return (
-        torch.cat(
-            [
-                roots.view(bs, 1).to(torch.int64),
-                torch.gather(torch.cat(level_tokens, 1), 1, chosen),
-            ],
-            1,
-        ),
+        torch.cat([root, torch.gather(torch.cat(level_tokens, 1), 1, chosen)], 1),
         torch.cat([zero, parents], 1),
-        torch.cat([zero, level_of[chosen] + 1], 1),
-        torch.cat(
-            [torch.zeros_like(zero, dtype=torch.float64), torch.gather(every_score, 1, chosen)], 1
-        ),
+        torch.cat([zero, depth_of[chosen]], 1),
+        torch.cat([zero.to(torch.float64), torch.gather(every_score, 1, chosen)], 1),
     )
 
 
