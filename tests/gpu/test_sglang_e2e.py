@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 # sgl_kernel installs on a CPU machine but its import fails there (no libcuda): an ImportError.
 pytest.importorskip(
@@ -82,6 +83,10 @@ class E2EConfig:
     eager_pair: bool = True
     chain_pair: bool = False
     mem_fraction: float = 0.07
+    # GPU memory the family's servers need together (0: any card this project runs on). SGLang
+    # counts the weights against each server's fraction, so the fractions sized on an H200 leave
+    # a smaller card's later starts no KV cache; such a family refuses the card up front.
+    min_gpu_gib: float = 0
     # ServerSpec keywords of an A/A' floor server (off, the same weights, computed an equivalent
     # but not bit-identical way); the gate then judges its candidates by their excess over it.
     # Another draft shape is exact for greedy decoding (the target's tokens do not depend on the
@@ -124,6 +129,10 @@ class E2EConfig:
         return pairs
 
 
+# Five kimi-rank servers at once, each needing 0.3 of an H100 (23 GiB: SGLang refused 0.16 there,
+# the target's and draft's 163,840-token embeddings and heads being most of it).
+KIMI_RANK_FAMILY_GIB = 120
+
 CONFIGS = {
     "eagle": E2EConfig("tiny", {}, chain_pair=True, floor={"speculation": "chain"}),
     "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}, floor={"speculation": "chain"}),
@@ -150,6 +159,7 @@ CONFIGS = {
         {"speculation": "ddtree", "budget": 64},
         eager_pair=False,
         mem_fraction=0.16,
+        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
         floor={"speculation": "chain"},
         policy=MODELS / "parity_policy_kimi_rank.yaml",
         batch_lengths=(17, 40, 64, 96, 128, 200, 333, 45000),
@@ -159,6 +169,7 @@ CONFIGS = {
         {},
         eager_pair=False,
         mem_fraction=0.16,
+        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
         floor={"speculation": "chain"},
         policy=MODELS / "parity_policy_kimi_rank.yaml",
     ),
@@ -241,6 +252,13 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
 
 @pytest.fixture(scope="module")
 def servers(models, out_dir):
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if total_gib < CONFIG.min_gpu_gib:
+        pytest.fail(
+            f"KDTREE_E2E_CONFIG={CONFIG_NAME} needs {CONFIG.min_gpu_gib} GiB of GPU memory for its "
+            f"servers at once; {torch.cuda.get_device_name()} has {total_gib:.0f} GiB",
+            pytrace=False,
+        )
     running, failed = start_all(_specs(models), out_dir, timeout_s=420, wave=4)
     yield running, failed
     for name, server in running.items():
