@@ -1,0 +1,116 @@
+"""What DDTree's tree costs per decode step, outside the draft and the verify forwards.
+
+Between the draft's top-k and the commit, the worker runs the tree search, the verify layout, the
+greedy walk and the KV moves as eager PyTorch ops (``kdtree_inference.ddtree.tree``): about a
+hundred small kernels, none of them captured in a CUDA graph. Reported per step, for each budget
+and batch at one prefix length: ``host_us``, the host time to enqueue them (what a step bound by
+SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each the median
+over repetitions, with min and max, after a warm-up.
+
+Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] (CUDA only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kdtree_inference.ddtree.tree import (
+    accept_greedy,
+    accepted_kv_moves,
+    best_first_nodes,
+    chain_rows,
+    layout_from_nodes,
+)
+
+DEPTH, TOP_K, VOCAB = 15, 8, 4096
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> dict[str, Any]:
+    gen = torch.Generator(device="cuda").manual_seed(budget * 100 + batch)
+    logits = torch.randn(batch, DEPTH, VOCAB, device="cuda", generator=gen)
+    logprobs, tokens = torch.log_softmax(logits, -1).topk(TOP_K, dim=-1)
+    roots = torch.randint(0, VOCAB, (batch,), device="cuda", generator=gen)
+    prefix_cpu = torch.full((batch,), prefix, dtype=torch.int64)
+    prefix_lens = prefix_cpu.cuda()
+    width = budget + 1
+    window = torch.arange(batch * width, device="cuda").view(batch, width)
+    predict = torch.randint(0, VOCAB, (batch, width), device="cuda", generator=gen)
+
+    def step() -> None:
+        nodes = best_first_nodes(roots, tokens, logprobs, budget)
+        layout = layout_from_nodes(*nodes[:3], prefix_lens, prefix_cpu)
+        acceptance = accept_greedy(layout, predict)
+        chain_rows(acceptance)
+        accepted_kv_moves(window, acceptance)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        start.record()
+        began = time.perf_counter()
+        step()
+        host.append((time.perf_counter() - began) * 1e6)
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3)
+    return {
+        "budget": budget,
+        "batch": batch,
+        "prefix": prefix,
+        "host_us": spread(host),
+        "gpu_us": spread(gpu),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budgets", default="8,16,32,64")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prefix", type=int, default=32768)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--out", type=Path, help="write the records here as JSON")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be at least 1, --warmup at least 0")
+    records = []
+    for budget in (int(b) for b in args.budgets.split(",")):
+        for batch in (int(b) for b in args.batches.split(",")):
+            record = measure(budget, batch, args.prefix, args.repeats, args.warmup)
+            records.append(record)
+            print(
+                f"budget {budget:>2} batch {batch}: host {record['host_us']['median']} µs "
+                f"[{record['host_us']['min']}, {record['host_us']['max']}], "
+                f"gpu {record['gpu_us']['median']} µs "
+                f"[{record['gpu_us']['min']}, {record['gpu_us']['max']}]",
+                flush=True,
+            )
+    if args.out:
+        device = torch.cuda.get_device_name()
+        args.out.write_text(json.dumps({"device": device, "records": records}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
