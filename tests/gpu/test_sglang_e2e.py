@@ -197,6 +197,14 @@ def out_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[int, tuple[Path, Path | None]]:
     """Seed -> (target directory, its DFlash draft or None)."""
+    # Before the models are written: a card too small for the family's servers fails here.
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if total_gib < CONFIG.min_gpu_gib:
+        pytest.fail(
+            f"KDTREE_E2E_CONFIG={CONFIG_NAME} needs {CONFIG.min_gpu_gib} GiB of GPU memory for its "
+            f"servers at once; {torch.cuda.get_device_name()} has {total_gib:.0f} GiB",
+            pytrace=False,
+        )
     made = {}
     for seed in (0, 1):
         path = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}")
@@ -252,13 +260,6 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
 
 @pytest.fixture(scope="module")
 def servers(models, out_dir):
-    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    if total_gib < CONFIG.min_gpu_gib:
-        pytest.fail(
-            f"KDTREE_E2E_CONFIG={CONFIG_NAME} needs {CONFIG.min_gpu_gib} GiB of GPU memory for its "
-            f"servers at once; {torch.cuda.get_device_name()} has {total_gib:.0f} GiB",
-            pytrace=False,
-        )
     running, failed = start_all(_specs(models), out_dir, timeout_s=420, wave=4)
     yield running, failed
     for name, server in running.items():
