@@ -1,7 +1,6 @@
 """DDTree's device tree search on CUDA: the same trees and layout as on the CPU (where the unit tests
 hold them to ``build_tree``), and no host sync from the draft's top-k to the accepted path."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -50,7 +49,7 @@ def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget
     prefix_lens = prefix_cpu.cuda()
     width = budget + 1
     window = torch.arange(8 * width, device="cuda").view(8, width) + 50_000
-    # The target's predictions: follow each tree's best path for a few nodes.
+    # Random target predictions: the walk's work is the same however far it gets.
     predict = torch.randint(0, 4096, (8, width), device="cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -64,4 +63,4 @@ def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget
         torch.cuda.set_sync_debug_mode("default")
     assert rows.shape == (8 * width,)
     assert all(isinstance(t, torch.Tensor) and t.is_cuda for t in moves)
-    assert np.all(acceptance.commit_lens.cpu().numpy() >= 1)
+    assert bool((acceptance.commit_lens >= 1).all())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kdtree_bench.profiling.spread import median_spread
 from kdtree_inference.ddtree.tree import (
     accept_greedy,
     accepted_kv_moves,
@@ -31,14 +31,6 @@ from kdtree_inference.ddtree.tree import (
 )
 
 DEPTH, TOP_K, VOCAB = 15, 8, 4096
-
-
-def spread(values: list[float]) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), 1),
-        "min": round(min(values), 1),
-        "max": round(max(values), 1),
-    }
 
 
 def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> dict[str, Any]:
@@ -76,8 +68,8 @@ def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> 
         "budget": budget,
         "batch": batch,
         "prefix": prefix,
-        "host_us": spread(host),
-        "gpu_us": spread(gpu),
+        "host_us": median_spread(host, digits=1),
+        "gpu_us": median_spread(gpu, digits=1),
     }
 
 

@@ -24,12 +24,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from kdtree_bench.profiling.spread import median_spread
 
 LAYERS = 61  # DeepSeek-V3
 HEADS = 16
@@ -47,12 +48,7 @@ def timed_us(fn, calls: int, repeats: int, warmup: int) -> dict[str, Any]:
         for _ in range(calls):
             fn()
         runs.append((time.perf_counter() - start) / calls * 1e6)
-    return {
-        "median": round(statistics.median(runs), 2),
-        "min": round(min(runs), 2),
-        "max": round(max(runs), 2),
-        "runs": [round(r, 2) for r in runs],
-    }
+    return median_spread(runs, digits=2)
 
 
 def measure(calls: int, repeats: int, warmup: int) -> dict[str, Any]:
