@@ -58,6 +58,7 @@ def measure(calls: int, repeats: int, warmup: int) -> dict[str, Any]:
     import kdtree_inference
     from kdtree_inference.sglang import testing
     from kdtree_inference.sglang.backend import KdtreeTritonAttnBackend
+    from kdtree_inference.sglang.forward_state import Phase
     from kdtree_inference.sglang.modes import VerifyMode, VerifySettings
 
     layer_ids = list(range(LAYERS))
@@ -91,7 +92,7 @@ def measure(calls: int, repeats: int, warmup: int) -> dict[str, Any]:
         raise RuntimeError(f"capture did not route every layer to the kernel: {routes}")
 
     def added():
-        ours._kdtree_begin_forward(phase="replay", batch_size=1)
+        ours._kdtree_begin_forward(phase=Phase.REPLAY, batch_size=1)
 
     result = {
         "kdtree_inference": str(Path(kdtree_inference.__file__).resolve().parent),
