@@ -7,7 +7,8 @@ and batch at one prefix length: ``host_us``, the host time to enqueue them (what
 SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each the median
 over repetitions, with min and max, after a warm-up.
 
-Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] (CUDA only)
+Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] [--profile] (CUDA only);
+``--profile`` adds PyTorch's profiler table of one budget's steps (host and GPU time per op).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,8 @@ from kdtree_inference.ddtree.tree import (
 DEPTH, TOP_K, VOCAB = 15, 8, 4096
 
 
-def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> dict[str, Any]:
+def tree_step(budget: int, batch: int, prefix: int) -> Callable[[], None]:
+    """One decode step's tree stretch on random draft top-k, as the worker runs it."""
     gen = torch.Generator(device="cuda").manual_seed(budget * 100 + batch)
     logits = torch.randn(batch, DEPTH, VOCAB, device="cuda", generator=gen)
     logprobs, tokens = torch.log_softmax(logits, -1).topk(TOP_K, dim=-1)
@@ -51,6 +54,11 @@ def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> 
         chain_rows(acceptance)
         accepted_kv_moves(window, acceptance)
 
+    return step
+
+
+def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> dict[str, Any]:
+    step = tree_step(budget, batch, prefix)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -73,6 +81,20 @@ def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> 
     }
 
 
+def profile_table(budget: int, prefix: int, steps: int = 20) -> str:
+    """PyTorch's per-op table of ``steps`` warm tree stretches at batch 1, by host time."""
+    step = tree_step(budget, 1, prefix)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return profiler.key_averages().table(sort_by="cpu_time_total", row_limit=40)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budgets", default="8,16,32,64")
@@ -81,6 +103,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--out", type=Path, help="write the records here as JSON")
+    parser.add_argument(
+        "--profile", type=int, metavar="BUDGET", help="PyTorch's profiler table for this budget"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -98,6 +123,8 @@ def main() -> int:
                 f"[{record['gpu_us']['min']}, {record['gpu_us']['max']}]",
                 flush=True,
             )
+    if args.profile:
+        print(profile_table(args.profile, args.prefix), flush=True)
     if args.out:
         device = torch.cuda.get_device_name()
         args.out.write_text(json.dumps({"device": device, "records": records}, indent=2) + "\n")
