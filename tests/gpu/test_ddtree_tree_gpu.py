@@ -4,13 +4,8 @@ hold them to ``build_tree``), and no host sync from the draft's top-k to the acc
 import pytest
 import torch
 
-from kdtree_inference.ddtree.tree import (
-    accept_greedy,
-    accepted_kv_moves,
-    best_first_nodes,
-    chain_rows,
-    layout_from_nodes,
-)
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, accept_step, search_nodes
+from kdtree_inference.ddtree.tree import best_first_nodes, layout_from_nodes
 
 DEPTH, TOP_K = 15, 8  # DFlash's block of 16 and the default top-k
 
@@ -39,11 +34,65 @@ def test_the_device_search_equals_the_cpu_search(budget):
         assert torch.equal(getattr(layouts[0], field), getattr(layouts[1], field).cpu()), field
 
 
+def deep_predictions(nodes, seed: int) -> torch.Tensor:
+    """Target predictions that accept each tree along first children as deep as it goes (a
+    random walk would stop at the root most of the time): after node i, its first child's
+    token; after a leaf, a random token."""
+    tokens, parents = nodes.tokens.cpu(), nodes.parents.cpu()
+    bs, width = tokens.shape
+    predict = torch.randint(0, 4096, (bs, width), generator=torch.Generator().manual_seed(seed))
+    for b in range(bs):
+        for child in range(width - 1, 0, -1):  # the lowest-numbered child is written last
+            predict[b, parents[b, child]] = tokens[b, child]
+    return predict.cuda()
+
+
+@pytest.mark.parametrize("budget", [1, 16, 64])
+@pytest.mark.parametrize("bs", [1, 8])
+def test_the_graphs_replay_what_the_eager_step_computes(budget, bs):
+    """Three steps through one batch size's graphs (capture, then replays on new inputs) against
+    the eager functions; what a step hands on survives the next step's replay."""
+    graphs = TreeStepGraphs(budget)
+    width = budget + 1
+    handed_on = []
+    for seed in range(3):
+        roots, tokens, logprobs = draft_top_k(bs, seed, "cuda")
+        window = torch.randperm(100_000, device="cuda")[: bs * width].view(bs, width)
+        expected_nodes = search_nodes(roots, tokens, logprobs, budget)
+        nodes = graphs.search(roots, tokens, logprobs)
+        for field in ("tokens", "parents", "depths", "ancestors"):
+            assert torch.equal(getattr(nodes, field), getattr(expected_nodes, field)), field
+        predict = deep_predictions(expected_nodes, seed)
+        expected = accept_step(expected_nodes, predict, window)
+        got = graphs.accept(predict, window)
+        for field in ("accept_lens", "chain_index", "bonus", "out_tokens", "commit_lens"):
+            assert torch.equal(
+                getattr(got.acceptance, field), getattr(expected.acceptance, field)
+            ), field
+        for field in ("rows", "kv_targets", "kv_sources"):
+            assert torch.equal(getattr(got, field), getattr(expected, field)), field
+        handed_on.append((got.acceptance, expected.acceptance))
+    assert int(handed_on[0][1].accept_lens.max()) >= min(budget, 2)  # the walks went deep
+    for got, expected in handed_on:
+        for field in ("bonus", "out_tokens", "commit_lens", "accept_lens"):
+            assert torch.equal(getattr(got, field), getattr(expected, field)), field
+
+
+def test_the_graphs_refuse_what_they_were_not_captured_for():
+    graphs = TreeStepGraphs(8)
+    with pytest.raises(RuntimeError, match="before its tree search"):
+        graphs.accept(torch.zeros(2, 9, device="cuda"), torch.zeros(2, 9, device="cuda"))
+    roots, tokens, logprobs = draft_top_k(2, 0, "cuda")
+    graphs.search(roots, tokens, logprobs)
+    with pytest.raises(ValueError, match="graph input of shape"):
+        graphs.search(roots, tokens[:, :4], logprobs[:, :4])
+
+
 @pytest.mark.parametrize("budget", [16, 64])
 def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget):
-    """What the worker runs between the draft and the commit, under CUDA's sync check: a
-    synchronizing call raises. The prefix lengths come from the host, as the worker reads them
-    once at the step's start."""
+    """What the worker runs between the draft and the commit, once its graphs are captured,
+    under CUDA's sync check: a synchronizing call raises. The prefix lengths come from the host,
+    as the worker reads them once at the step's start."""
     roots, tokens, logprobs = draft_top_k(8, 3, "cuda")
     prefix_cpu = torch.tensor([5, 40, 900, 3000, 17, 128, 45000, 64])
     prefix_lens = prefix_cpu.cuda()
@@ -51,16 +100,20 @@ def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget
     window = torch.arange(8 * width, device="cuda").view(8, width) + 50_000
     # Random target predictions: the walk's work is the same however far it gets.
     predict = torch.randint(0, 4096, (8, width), device="cuda")
+    graphs = TreeStepGraphs(budget)
+    graphs.search(roots, tokens, logprobs)
+    graphs.accept(predict, window)  # the captures, with their one synchronize each
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        nodes = best_first_nodes(roots, tokens, logprobs, budget)
-        layout = layout_from_nodes(*nodes[:3], prefix_lens, prefix_cpu)
-        acceptance = accept_greedy(layout, predict)
-        rows = chain_rows(acceptance)
-        moves = accepted_kv_moves(window, acceptance)
+        nodes = graphs.search(roots, tokens, logprobs)
+        layout = layout_from_nodes(
+            nodes.tokens, nodes.parents, nodes.depths, prefix_lens, prefix_cpu, nodes.ancestors
+        )
+        accepted = graphs.accept(predict, window)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert rows.shape == (8 * width,)
-    assert all(isinstance(t, torch.Tensor) and t.is_cuda for t in moves)
-    assert bool((acceptance.commit_lens >= 1).all())
+    assert layout.custom_mask.shape == (width * (int(prefix_cpu.sum()) + 8 * width),)
+    assert accepted.rows.shape == (8 * width,)
+    assert accepted.kv_targets.is_cuda and accepted.kv_sources.is_cuda
+    assert bool((accepted.acceptance.commit_lens >= 1).all())

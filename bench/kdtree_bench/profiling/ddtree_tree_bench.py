@@ -1,11 +1,12 @@
 """What DDTree's tree costs per decode step, outside the draft and the verify forwards.
 
 Between the draft's top-k and the commit, the worker runs the tree search, the verify layout, the
-greedy walk and the KV moves as eager PyTorch ops (``kdtree_inference.ddtree.tree``): about a
-hundred small kernels, none of them captured in a CUDA graph. Reported per step, for each budget
-and batch at one prefix length: ``host_us``, the host time to enqueue them (what a step bound by
-SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each the median
-over repetitions, with min and max, after a warm-up.
+greedy walk and the KV moves (``kdtree_inference.ddtree.tree``): about two hundred small kernels.
+It replays the search and the walk as CUDA graphs (``kdtree_inference.ddtree.step_graphs``); the
+``eager`` arm runs the same ops one by one, as the worker did before. Reported per step, for each
+arm, budget and batch at one prefix length: ``host_us``, the host time to enqueue them (what a
+step bound by SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each
+the median over repetitions, with min and max, after a warm-up (which captures the graphs).
 
 Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] [--profile] (CUDA only);
 ``--profile`` adds PyTorch's profiler table of one budget's steps (host and GPU time per op).
@@ -24,19 +25,18 @@ from typing import Any
 import torch
 
 from kdtree_bench.profiling.spread import median_spread
-from kdtree_inference.ddtree.tree import (
-    accept_greedy,
-    accepted_kv_moves,
-    best_first_nodes,
-    chain_rows,
-    layout_from_nodes,
-)
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, accept_step, search_nodes
+from kdtree_inference.ddtree.tree import layout_from_nodes
 
 DEPTH, TOP_K, VOCAB = 15, 8, 4096
 
 
-def tree_step(budget: int, batch: int, prefix: int) -> Callable[[], None]:
-    """One decode step's tree stretch on random draft top-k, as the worker runs it."""
+ARMS = ("graphs", "eager")
+
+
+def tree_step(budget: int, batch: int, prefix: int, arm: str) -> Callable[[], None]:
+    """One decode step's tree stretch on random draft top-k: ``graphs`` as the worker runs it,
+    ``eager`` op by op."""
     gen = torch.Generator(device="cuda").manual_seed(budget * 100 + batch)
     logits = torch.randn(batch, DEPTH, VOCAB, device="cuda", generator=gen)
     logprobs, tokens = torch.log_softmax(logits, -1).topk(TOP_K, dim=-1)
@@ -47,18 +47,28 @@ def tree_step(budget: int, batch: int, prefix: int) -> Callable[[], None]:
     window = torch.arange(batch * width, device="cuda").view(batch, width)
     predict = torch.randint(0, VOCAB, (batch, width), device="cuda", generator=gen)
 
+    graphs = TreeStepGraphs(budget)
+
     def step() -> None:
-        nodes = best_first_nodes(roots, tokens, logprobs, budget)
-        layout = layout_from_nodes(*nodes[:3], prefix_lens, prefix_cpu)
-        acceptance = accept_greedy(layout, predict)
-        chain_rows(acceptance)
-        accepted_kv_moves(window, acceptance)
+        if arm == "graphs":
+            nodes = graphs.search(roots, tokens, logprobs)
+        else:
+            nodes = search_nodes(roots, tokens, logprobs, budget)
+        layout_from_nodes(
+            nodes.tokens, nodes.parents, nodes.depths, prefix_lens, prefix_cpu, nodes.ancestors
+        )
+        if arm == "graphs":
+            graphs.accept(predict, window)
+        else:
+            accept_step(nodes, predict, window)
 
     return step
 
 
-def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> dict[str, Any]:
-    step = tree_step(budget, batch, prefix)
+def measure(
+    budget: int, batch: int, prefix: int, arm: str, repeats: int, warmup: int
+) -> dict[str, Any]:
+    step = tree_step(budget, batch, prefix, arm)
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -73,6 +83,7 @@ def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> 
         torch.cuda.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3)
     return {
+        "arm": arm,
         "budget": budget,
         "batch": batch,
         "prefix": prefix,
@@ -82,8 +93,8 @@ def measure(budget: int, batch: int, prefix: int, repeats: int, warmup: int) -> 
 
 
 def profile_table(budget: int, prefix: int, steps: int = 20) -> str:
-    """PyTorch's per-op table of ``steps`` warm tree stretches at batch 1, by host time."""
-    step = tree_step(budget, 1, prefix)
+    """PyTorch's per-op table of ``steps`` warm eager tree stretches at batch 1, by host time."""
+    step = tree_step(budget, 1, prefix, "eager")
     for _ in range(5):
         step()
     torch.cuda.synchronize()
@@ -109,20 +120,21 @@ def main() -> int:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
-    if args.repeats < 1 or args.warmup < 0:
-        parser.error("--repeats must be at least 1, --warmup at least 0")
+    if args.repeats < 1 or args.warmup < 1:
+        parser.error("--repeats and --warmup must be at least 1 (the warm-up captures the graphs)")
     records = []
     for budget in (int(b) for b in args.budgets.split(",")):
         for batch in (int(b) for b in args.batches.split(",")):
-            record = measure(budget, batch, args.prefix, args.repeats, args.warmup)
-            records.append(record)
-            print(
-                f"budget {budget:>2} batch {batch}: host {record['host_us']['median']} µs "
-                f"[{record['host_us']['min']}, {record['host_us']['max']}], "
-                f"gpu {record['gpu_us']['median']} µs "
-                f"[{record['gpu_us']['min']}, {record['gpu_us']['max']}]",
-                flush=True,
-            )
+            for arm in ARMS:
+                record = measure(budget, batch, args.prefix, arm, args.repeats, args.warmup)
+                records.append(record)
+                print(
+                    f"{arm:>6} budget {budget:>2} batch {batch}: host {record['host_us']['median']} µs "
+                    f"[{record['host_us']['min']}, {record['host_us']['max']}], "
+                    f"gpu {record['gpu_us']['median']} µs "
+                    f"[{record['gpu_us']['min']}, {record['gpu_us']['max']}]",
+                    flush=True,
+                )
     if args.profile:
         print(profile_table(args.profile, args.prefix), flush=True)
     if args.out:

@@ -137,13 +137,19 @@ def head_top_k(
 
 
 @dataclass(frozen=True)
-class VerifyLayout:
-    """A batch of trees of one width ``W`` as SGLang's tree verify takes them."""
+class TreeNodes:
+    """A batch of trees of one width ``W``, node by node (parents before children)."""
 
     tokens: torch.Tensor  # int64 [bs, W]
     depths: torch.Tensor  # int64 [bs, W]
     parents: torch.Tensor  # int64 [bs, W] (root: 0, its own parent for gathers)
     ancestors: torch.Tensor  # bool [bs, W, W]
+
+
+@dataclass(frozen=True)
+class VerifyLayout(TreeNodes):
+    """The trees as SGLang's tree verify takes them: their nodes, positions and mask."""
+
     positions: torch.Tensor  # int64 [bs * W]: prefix_len + depth
     custom_mask: torch.Tensor  # uint8, sum over requests of W * (prefix_len + W)
 
@@ -170,28 +176,37 @@ def verify_layout(
     )
 
 
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """``[bs, W, W]`` bool: row i marks node i and its ancestors, for ``[bs, W]`` parents
+    (parents before children, the root its own parent)."""
+    bs, width = parents.shape
+    # The reflexive closure of "is the parent of", by squaring the one-step relation until it
+    # spans the deepest possible path (W - 1 links): a handful of tiny batched matmuls, whatever
+    # the tree's shape, on 0/1 values that every float format holds exactly.
+    one_step = torch.eye(width, device=parents.device).expand(bs, width, width).clone()
+    one_step.scatter_(2, parents[..., None], 1.0)
+    reach = one_step
+    for _ in range(max(width - 2, 0).bit_length()):
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
+    return reach.bool()
+
+
 def layout_from_nodes(
     tokens: torch.Tensor,
     parents: torch.Tensor,
     depths: torch.Tensor,
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: Sequence[int] | torch.Tensor,
+    ancestors: torch.Tensor | None = None,
 ) -> VerifyLayout:
     """The verify layout of ``[bs, W]`` trees given node by node (parents before children, the
     root its own parent), on their device, without a host sync: ``prefix_lens_cpu`` (the same
-    lengths on the host) sizes the mask."""
+    lengths on the host) sizes the mask. ``ancestors`` is ``ancestor_matrix(parents)`` where the
+    caller has it already."""
     bs, width = tokens.shape
     device = tokens.device
-    # Row i sees node i and its ancestors: the reflexive closure of "is the parent of", by
-    # squaring the one-step relation until it spans the deepest possible path (W - 1 links):
-    # a handful of tiny batched matmuls, whatever the tree's shape, on 0/1 values that every
-    # float format holds exactly.
-    one_step = torch.eye(width, device=device).expand(bs, width, width).clone()
-    one_step.scatter_(2, parents[..., None], 1.0)
-    reach = one_step
-    for _ in range(max(width - 2, 0).bit_length()):
-        reach = torch.bmm(reach, reach).clamp_(max=1.0)
-    ancestors = reach.bool()
+    if ancestors is None:
+        ancestors = ancestor_matrix(parents)
     # The mask is W x (prefix + W) per request, almost all of it the all-visible prefix: it is
     # filled on the device, and only the W x W tree cells are written, so no work grows with
     # the context.
@@ -302,7 +317,7 @@ class Acceptance:
     commit_lens: torch.Tensor  # int32 [bs]: accept_lens + 1
 
 
-def accept_greedy(layout: VerifyLayout, target_predict: torch.Tensor) -> Acceptance:
+def accept_greedy(layout: TreeNodes, target_predict: torch.Tensor) -> Acceptance:
     """Walk each tree along the target's own greedy tokens (``target_predict`` is ``[bs, W]``).
 
     A node is accepted when its token is what the target predicts after its parent and its

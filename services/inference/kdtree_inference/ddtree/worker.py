@@ -7,12 +7,13 @@ step then:
    tokens), ``B`` = the draft's block size capped at the verify width;
 2. takes each depth's top-k log-probabilities from the target's head over the draft's hidden
    states and builds the best-first tree of ``budget`` nodes (``tree.best_first_nodes``, the
-   batched form of ``tree.build_tree``) on the device: nothing waits for the draft, so the host
-   queues the verify while the GPU still runs the draft's attention;
+   batched form of ``tree.build_tree``) on the device, replayed as a CUDA graph per batch size
+   (``step_graphs``): nothing waits for the draft, so the host queues the verify while the GPU
+   still runs the draft's attention;
 3. verifies the ``W = budget + 1`` tree nodes in one ``TARGET_VERIFY`` forward with the
    ancestor-only mask in SGLang's tree layout, so the attention backend sees an EAGLE-style
    tree (kdtree's kernel in ``on``, SGLang's Triton tree verify in ``off``);
-4. walks the tree along the target's greedy tokens (``tree.accept_greedy``), moves the accepted
+4. walks the tree along the target's greedy tokens (``tree.accept_greedy``, a graph too), moves the accepted
    nodes' target KV to consecutive slots, writes their hidden states to the draft's KV cache,
    and commits the path plus the bonus token.
 
@@ -30,14 +31,8 @@ from typing import Any
 import torch
 
 from .options import ddtree_topk
-from .tree import (
-    accept_greedy,
-    accepted_kv_moves,
-    best_first_nodes,
-    chain_rows,
-    head_top_k,
-    layout_from_nodes,
-)
+from .step_graphs import TreeStepGraphs
+from .tree import head_top_k, layout_from_nodes
 
 logger = logging.getLogger("kdtree.ddtree")
 
@@ -111,6 +106,7 @@ def ddtree_worker_class() -> type:
             )
             self.speculative_num_draft_tokens = self.verify_width
             self._warned_sampling = False
+            self._tree_graphs = TreeStepGraphs(self.budget)
             logger.info(
                 "kdtree DDTree worker: budget %d (verify width %d), draft block %d, top-%d",
                 self.budget,
@@ -248,15 +244,23 @@ def ddtree_worker_class() -> type:
             top_logprobs, top_tokens = self._draft_top_k(
                 batch, draft_input, prefix_lens, window, prefix_cpu
             )
-            tokens, parents, depths, _ = best_first_nodes(
-                draft_input.bonus_tokens.view(-1), top_tokens, top_logprobs, self.budget
+            nodes = self._tree_graphs.search(
+                draft_input.bonus_tokens.view(-1), top_tokens, top_logprobs
             )
-            layout = layout_from_nodes(tokens, parents, depths, prefix_lens, prefix_cpu)
+            layout = layout_from_nodes(
+                nodes.tokens,
+                nodes.parents,
+                nodes.depths,
+                prefix_lens,
+                prefix_cpu,
+                ancestors=nodes.ancestors,
+            )
 
             # --- verify the tree in one target forward
             plan = self._plan(batch, draft_input, prefix_lens, window)
             verify_input = DFlashVerifyInput(
-                draft_token=layout.tokens.reshape(-1),
+                # A copy: the tree's buffers are the graph's, rewritten by the next step.
+                draft_token=layout.tokens.reshape(-1).clone(),
                 positions=layout.positions,
                 draft_token_num=width,
                 custom_mask=layout.custom_mask,
@@ -288,8 +292,8 @@ def ddtree_worker_class() -> type:
                     draft_token_num=width,
                 )
             predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
-            acceptance = accept_greedy(layout, predict)
-            rows = chain_rows(acceptance)
+            accepted = self._tree_graphs.accept(predict, window)
+            acceptance, rows = accepted.acceptance, accepted.rows
 
             if batch.return_logprob:
                 # The path's logits in chain order, as the logprob pass reads a DFlash block.
@@ -304,7 +308,7 @@ def ddtree_worker_class() -> type:
                 )
 
             pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-            pool.move_kv_cache(*accepted_kv_moves(window, acceptance))
+            pool.move_kv_cache(accepted.kv_targets, accepted.kv_sources)
             new_seq_lens = prefix_lens + acceptance.commit_lens.to(prefix_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)

@@ -1,0 +1,147 @@
+"""DDTree's tree work of a decode step as CUDA graphs: the search before the verify, the
+acceptance walk after it.
+
+Run eagerly, the best-first search, the ancestor closure, the greedy walk and the KV moves are
+about two hundred small kernels a step, and the host enqueues them slower than the GPU runs them:
+2.9 ms a step at budget 16 on the H100's host, 3.4-5.0 ms at budgets 8-64
+(``kdtree_bench.profiling.ddtree_tree_bench``), about what the draft and the verify cost together
+at short contexts. Their shapes depend only on the batch size, so each batch size captures them
+once, on first use (one device synchronize then), and every later step replays them: two graph
+launches and a few copies. The verify mask, whose size follows the prefix lengths, stays eager
+(``tree.layout_from_nodes``).
+
+What a step hands on to SGLang is copied out of the graphs' static buffers, which the next step's
+replay overwrites.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import torch
+
+from .tree import (
+    Acceptance,
+    TreeNodes,
+    accept_greedy,
+    accepted_kv_moves,
+    ancestor_matrix,
+    best_first_nodes,
+    chain_rows,
+)
+
+logger = logging.getLogger("kdtree.ddtree")
+
+Outputs = TypeVar("Outputs")
+
+
+def search_nodes(
+    roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, budget: int
+) -> TreeNodes:
+    """The best-first tree of each request with its ancestor matrix (``tree.best_first_nodes``,
+    ``tree.ancestor_matrix``)."""
+    tokens, parents, depths, _ = best_first_nodes(roots, top_tokens, top_logprobs, budget)
+    return TreeNodes(
+        tokens=tokens, depths=depths, parents=parents, ancestors=ancestor_matrix(parents)
+    )
+
+
+@dataclass(frozen=True)
+class AcceptedStep:
+    """The acceptance walk's result with what the worker derives from it."""
+
+    acceptance: Acceptance
+    rows: torch.Tensor  # tree.chain_rows: the path's verify rows, depth by depth
+    kv_targets: torch.Tensor  # tree.accepted_kv_moves: slots the path's KV moves to ...
+    kv_sources: torch.Tensor  # ... and the slots it moves from
+
+
+def accept_step(nodes: TreeNodes, predict: torch.Tensor, window: torch.Tensor) -> AcceptedStep:
+    """Walk the trees along the target's greedy tokens; the path's rows and KV moves."""
+    acceptance = accept_greedy(nodes, predict)
+    targets, sources = accepted_kv_moves(window, acceptance)
+    return AcceptedStep(acceptance, chain_rows(acceptance), targets, sources)
+
+
+@dataclass
+class _Captured:
+    """One graph with the static inputs it reads and the outputs it writes."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    outputs: object
+
+    def run(self, *args: torch.Tensor) -> object:
+        for static, arg in zip(self.inputs, args, strict=True):
+            if static.shape != arg.shape:
+                raise ValueError(
+                    f"graph input of shape {tuple(static.shape)} got {tuple(arg.shape)}"
+                )
+            static.copy_(arg)
+        self.graph.replay()
+        return self.outputs
+
+
+def _capture(fn: Callable[..., Outputs], args: tuple[torch.Tensor, ...]) -> _Captured:
+    """Capture ``fn`` over static copies of ``args``, after one warm-up run off the graph (lazy
+    initialisations such as cuBLAS's handle must not happen inside a capture)."""
+    inputs = tuple(arg.clone() for arg in args)
+    side = torch.cuda.Stream(device=inputs[0].device)
+    side.wait_stream(torch.cuda.current_stream(inputs[0].device))
+    with torch.cuda.stream(side):
+        fn(*inputs)
+    torch.cuda.current_stream(inputs[0].device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: a capture in the scheduler's thread tolerates CUDA calls of other threads.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        outputs = fn(*inputs)
+    return _Captured(graph, inputs, outputs)
+
+
+class TreeStepGraphs:
+    """The search and the acceptance walk of every batch size seen, as CUDA graphs."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self._search: dict[int, _Captured] = {}
+        self._accept: dict[int, _Captured] = {}
+
+    def search(
+        self, roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor
+    ) -> TreeNodes:
+        """``search_nodes`` for ``[bs]`` roots and ``[bs, depth, k]`` top-k; the result lives in
+        the graph's buffers until this batch size's next search."""
+        bs = int(roots.shape[0])
+        args = (roots.reshape(bs), top_tokens, top_logprobs)
+        if bs not in self._search:
+            logger.info("DDTREE: capturing the tree search for batch size %d", bs)
+            self._search[bs] = _capture(lambda r, t, lp: search_nodes(r, t, lp, self.budget), args)
+        return self._search[bs].run(*args)
+
+    def accept(self, predict: torch.Tensor, window: torch.Tensor) -> AcceptedStep:
+        """``accept_step`` on the trees of this batch size's last ``search``: ``[bs, W]`` target
+        predictions and verify-window slots. The acceptance is copied out of the graph (it
+        leaves the step); rows and moves are for this step only."""
+        bs = int(window.shape[0])
+        if bs not in self._search:
+            raise RuntimeError(f"DDTREE: accept for batch size {bs} before its tree search")
+        args = (predict.reshape(window.shape), window)
+        if bs not in self._accept:
+            nodes = self._search[bs].outputs
+            logger.info("DDTREE: capturing the acceptance walk for batch size %d", bs)
+            self._accept[bs] = _capture(lambda p, w: accept_step(nodes, p, w), args)
+        step = self._accept[bs].run(*args)
+        acceptance = step.acceptance
+        return replace(
+            step,
+            acceptance=Acceptance(
+                accept_lens=acceptance.accept_lens.clone(),
+                chain_index=acceptance.chain_index,
+                bonus=acceptance.bonus.clone(),
+                out_tokens=acceptance.out_tokens.clone(),
+                commit_lens=acceptance.commit_lens.clone(),
+            ),
+        )
