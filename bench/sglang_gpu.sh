@@ -11,7 +11,9 @@
 #                and SGLang's real code; TESTS_ONLY=FILE: the test ids listed there), then
 #                `kdtree-selfcheck` as an operator runs it (its reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
-#                ddtree, ddtree-64, ddtree-kimi, kimi; default eagle): validate == off, the parity gate
+#                ddtree, ddtree-64, ddtree-kimi, kimi; default eagle): validate == off, the parity gate;
+#                the families start at once, and each server takes its family's static fraction of the
+#                card (seven servers at 0.07-0.09 for the tiny ones): their sum must stay under 1
 #   speed        bench/kdtree_bench/e2e/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
 #                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
