@@ -4,8 +4,14 @@ hold them to ``build_tree``), and no host sync from the draft's top-k to the acc
 import pytest
 import torch
 
-from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, accept_step, search_nodes
-from kdtree_inference.ddtree.tree import best_first_nodes, layout_from_nodes
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs
+from kdtree_inference.ddtree.tree import (
+    accept_step,
+    best_first_nodes,
+    layout_from_nodes,
+    search_nodes,
+    tree_nodes,
+)
 
 DEPTH, TOP_K = 15, 8  # DFlash's block of 16 and the default top-k
 
@@ -27,7 +33,9 @@ def test_the_device_search_equals_the_cpu_search(budget):
     for host, device in zip(cpu, cuda, strict=True):
         assert torch.equal(host, device.cpu())
     layouts = [
-        layout_from_nodes(*nodes[:3], torch.tensor(prefix_lens, device=device), prefix_lens)
+        layout_from_nodes(
+            tree_nodes(*nodes[:3]), torch.tensor(prefix_lens, device=device), prefix_lens
+        )
         for nodes, device in ((cpu, "cpu"), (cuda, "cuda"))
     ]
     for field in ("tokens", "parents", "depths", "ancestors", "positions", "custom_mask"):
@@ -107,9 +115,7 @@ def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget
     torch.cuda.set_sync_debug_mode("error")
     try:
         nodes = graphs.search(roots, tokens, logprobs)
-        layout = layout_from_nodes(
-            nodes.tokens, nodes.parents, nodes.depths, prefix_lens, prefix_cpu, nodes.ancestors
-        )
+        layout = layout_from_nodes(nodes, prefix_lens, prefix_cpu)
         accepted = graphs.accept(predict, window)
     finally:
         torch.cuda.set_sync_debug_mode("default")

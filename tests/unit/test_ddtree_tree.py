@@ -16,6 +16,7 @@ from kdtree_inference.ddtree.tree import (
     head_top_k,
     layout_from_nodes,
     max_tree_nodes,
+    tree_nodes,
     verify_layout,
 )
 from kdtree_verify.testing import flat_custom_mask, tree_visibility
@@ -175,7 +176,9 @@ def test_the_batched_builders_layout_equals_the_host_layout(depth, top_k, budget
     host = verify_layout(trees, prefix_lens)
     node_tokens, parents, depths, _ = best_first_nodes(roots, tokens, logprobs, budget)
     batched = layout_from_nodes(
-        node_tokens, parents, depths, torch.tensor(prefix_lens), prefix_lens_cpu=prefix_lens
+        tree_nodes(node_tokens, parents, depths),
+        torch.tensor(prefix_lens),
+        prefix_lens_cpu=prefix_lens,
     )
     for field in ("tokens", "depths", "parents", "ancestors", "positions", "custom_mask"):
         assert torch.equal(getattr(batched, field), getattr(host, field)), field

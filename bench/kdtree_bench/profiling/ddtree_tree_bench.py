@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from kdtree_bench.profiling.spread import median_spread
-from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, accept_step, search_nodes
-from kdtree_inference.ddtree.tree import layout_from_nodes
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs
+from kdtree_inference.ddtree.tree import accept_step, layout_from_nodes, search_nodes
 
 DEPTH, TOP_K, VOCAB = 15, 8, 4096
 
@@ -54,9 +54,7 @@ def tree_step(budget: int, batch: int, prefix: int, arm: str) -> Callable[[], No
             nodes = graphs.search(roots, tokens, logprobs)
         else:
             nodes = search_nodes(roots, tokens, logprobs, budget)
-        layout_from_nodes(
-            nodes.tokens, nodes.parents, nodes.depths, prefix_lens, prefix_cpu, nodes.ancestors
-        )
+        layout_from_nodes(nodes, prefix_lens, prefix_cpu)
         if arm == "graphs":
             graphs.accept(predict, window)
         else:
@@ -128,11 +126,11 @@ def main() -> int:
             for arm in ARMS:
                 record = measure(budget, batch, args.prefix, arm, args.repeats, args.warmup)
                 records.append(record)
+                host, gpu = record["host_us"], record["gpu_us"]
                 print(
-                    f"{arm:>6} budget {budget:>2} batch {batch}: host {record['host_us']['median']} µs "
-                    f"[{record['host_us']['min']}, {record['host_us']['max']}], "
-                    f"gpu {record['gpu_us']['median']} µs "
-                    f"[{record['gpu_us']['min']}, {record['gpu_us']['max']}]",
+                    f"{arm:>6} budget {budget:>2} batch {batch}: "
+                    f"host {host['median']} µs [{host['min']}, {host['max']}], "
+                    f"gpu {gpu['median']} µs [{gpu['min']}, {gpu['max']}]",
                     flush=True,
                 )
     if args.profile:

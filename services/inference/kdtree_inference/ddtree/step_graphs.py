@@ -19,51 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 import torch
 
-from .tree import (
-    Acceptance,
-    TreeNodes,
-    accept_greedy,
-    accepted_kv_moves,
-    ancestor_matrix,
-    best_first_nodes,
-    chain_rows,
-)
+from .tree import Acceptance, AcceptedStep, TreeNodes, accept_step, search_nodes
 
 logger = logging.getLogger("kdtree.ddtree")
-
-Outputs = TypeVar("Outputs")
-
-
-def search_nodes(
-    roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, budget: int
-) -> TreeNodes:
-    """The best-first tree of each request with its ancestor matrix (``tree.best_first_nodes``,
-    ``tree.ancestor_matrix``)."""
-    tokens, parents, depths, _ = best_first_nodes(roots, top_tokens, top_logprobs, budget)
-    return TreeNodes(
-        tokens=tokens, depths=depths, parents=parents, ancestors=ancestor_matrix(parents)
-    )
-
-
-@dataclass(frozen=True)
-class AcceptedStep:
-    """The acceptance walk's result with what the worker derives from it."""
-
-    acceptance: Acceptance
-    rows: torch.Tensor  # tree.chain_rows: the path's verify rows, depth by depth
-    kv_targets: torch.Tensor  # tree.accepted_kv_moves: slots the path's KV moves to ...
-    kv_sources: torch.Tensor  # ... and the slots it moves from
-
-
-def accept_step(nodes: TreeNodes, predict: torch.Tensor, window: torch.Tensor) -> AcceptedStep:
-    """Walk the trees along the target's greedy tokens; the path's rows and KV moves."""
-    acceptance = accept_greedy(nodes, predict)
-    targets, sources = accepted_kv_moves(window, acceptance)
-    return AcceptedStep(acceptance, chain_rows(acceptance), targets, sources)
 
 
 @dataclass
@@ -85,7 +46,7 @@ class _Captured:
         return self.outputs
 
 
-def _capture(fn: Callable[..., Outputs], args: tuple[torch.Tensor, ...]) -> _Captured:
+def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...]) -> _Captured:
     """Capture ``fn`` over static copies of ``args``, after one warm-up run off the graph (lazy
     initialisations such as cuBLAS's handle must not happen inside a capture)."""
     inputs = tuple(arg.clone() for arg in args)

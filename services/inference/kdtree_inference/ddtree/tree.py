@@ -167,12 +167,13 @@ def verify_layout(
     def to(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
-    return layout_from_nodes(
+    nodes = tree_nodes(
         tokens=to(np.stack([tree.tokens for tree in trees])),
         parents=to(np.stack([np.maximum(tree.parents, 0) for tree in trees])),
         depths=to(np.stack([tree.depths for tree in trees])),
-        prefix_lens=to(np.asarray(prefix_lens, dtype=np.int64)),
-        prefix_lens_cpu=prefix_lens,
+    )
+    return layout_from_nodes(
+        nodes, prefix_lens=to(np.asarray(prefix_lens, dtype=np.int64)), prefix_lens_cpu=prefix_lens
     )
 
 
@@ -191,22 +192,22 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     return reach.bool()
 
 
+def tree_nodes(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor) -> TreeNodes:
+    """``[bs, W]`` trees given node by node, with their ancestor matrix."""
+    return TreeNodes(
+        tokens=tokens, depths=depths, parents=parents, ancestors=ancestor_matrix(parents)
+    )
+
+
 def layout_from_nodes(
-    tokens: torch.Tensor,
-    parents: torch.Tensor,
-    depths: torch.Tensor,
+    nodes: TreeNodes,
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: Sequence[int] | torch.Tensor,
-    ancestors: torch.Tensor | None = None,
 ) -> VerifyLayout:
-    """The verify layout of ``[bs, W]`` trees given node by node (parents before children, the
-    root its own parent), on their device, without a host sync: ``prefix_lens_cpu`` (the same
-    lengths on the host) sizes the mask. ``ancestors`` is ``ancestor_matrix(parents)`` where the
-    caller has it already."""
-    bs, width = tokens.shape
-    device = tokens.device
-    if ancestors is None:
-        ancestors = ancestor_matrix(parents)
+    """The verify layout of ``nodes`` on their device, without a host sync: ``prefix_lens_cpu``
+    (the same lengths on the host) sizes the mask."""
+    bs, width = nodes.tokens.shape
+    device = nodes.tokens.device
     # The mask is W x (prefix + W) per request, almost all of it the all-visible prefix: it is
     # filled on the device, and only the W x W tree cells are written, so no work grows with
     # the context.
@@ -222,13 +223,13 @@ def layout_from_nodes(
     )
     mask_cells = width * (int(sum(int(n) for n in prefix_lens_cpu)) + bs * width)
     custom_mask = torch.ones(mask_cells, dtype=torch.uint8, device=device)
-    custom_mask[tree_cells.reshape(-1)] = ancestors.reshape(-1).to(torch.uint8)
+    custom_mask[tree_cells.reshape(-1)] = nodes.ancestors.reshape(-1).to(torch.uint8)
     return VerifyLayout(
-        tokens=tokens,
-        depths=depths,
-        parents=parents,
-        ancestors=ancestors,
-        positions=(prefix[:, None] + depths).reshape(-1),
+        tokens=nodes.tokens,
+        depths=nodes.depths,
+        parents=nodes.parents,
+        ancestors=nodes.ancestors,
+        positions=(prefix[:, None] + nodes.depths).reshape(-1),
         custom_mask=custom_mask,
     )
 
@@ -381,3 +382,28 @@ def accepted_kv_moves(
     on_path = column <= acceptance.accept_lens[:, None]
     sources = torch.where(on_path, torch.gather(window, 1, acceptance.chain_index), window)
     return window.reshape(-1), sources.reshape(-1)
+
+
+def search_nodes(
+    roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, budget: int
+) -> TreeNodes:
+    """``best_first_nodes``'s trees with their ancestor matrix."""
+    tokens, parents, depths, _ = best_first_nodes(roots, top_tokens, top_logprobs, budget)
+    return tree_nodes(tokens, parents, depths)
+
+
+@dataclass(frozen=True)
+class AcceptedStep:
+    """The acceptance walk's result with what the worker derives from it."""
+
+    acceptance: Acceptance
+    rows: torch.Tensor  # chain_rows: the path's verify rows, depth by depth
+    kv_targets: torch.Tensor  # accepted_kv_moves: slots the path's KV moves to ...
+    kv_sources: torch.Tensor  # ... and the slots it moves from
+
+
+def accept_step(nodes: TreeNodes, predict: torch.Tensor, window: torch.Tensor) -> AcceptedStep:
+    """Walk the trees along the target's greedy tokens; the path's rows and KV moves."""
+    acceptance = accept_greedy(nodes, predict)
+    targets, sources = accepted_kv_moves(window, acceptance)
+    return AcceptedStep(acceptance, chain_rows(acceptance), targets, sources)

@@ -13,9 +13,9 @@ step then:
 3. verifies the ``W = budget + 1`` tree nodes in one ``TARGET_VERIFY`` forward with the
    ancestor-only mask in SGLang's tree layout, so the attention backend sees an EAGLE-style
    tree (kdtree's kernel in ``on``, SGLang's Triton tree verify in ``off``);
-4. walks the tree along the target's greedy tokens (``tree.accept_greedy``, a graph too), moves the accepted
-   nodes' target KV to consecutive slots, writes their hidden states to the draft's KV cache,
-   and commits the path plus the bonus token.
+4. walks the tree along the target's greedy tokens (``tree.accept_greedy``, a graph too),
+   moves the accepted nodes' target KV to consecutive slots, writes their hidden states to the
+   draft's KV cache, and commits the path plus the bonus token.
 
 Greedy only: a sampled request is verified greedily (logged once), as SGLang's DFlash does where
 its sampling verify is unavailable. The scheduler runs this worker without overlap.
@@ -247,14 +247,7 @@ def ddtree_worker_class() -> type:
             nodes = self._tree_graphs.search(
                 draft_input.bonus_tokens.view(-1), top_tokens, top_logprobs
             )
-            layout = layout_from_nodes(
-                nodes.tokens,
-                nodes.parents,
-                nodes.depths,
-                prefix_lens,
-                prefix_cpu,
-                ancestors=nodes.ancestors,
-            )
+            layout = layout_from_nodes(nodes, prefix_lens, prefix_cpu)
 
             # --- verify the tree in one target forward
             plan = self._plan(batch, draft_input, prefix_lens, window)
