@@ -3,9 +3,9 @@ acceptance walk after it.
 
 Run eagerly, the best-first search, the ancestor closure, the greedy walk and the KV moves are
 about two hundred small kernels a step, and the host enqueues them slower than the GPU runs them:
-2.9 ms a step at budget 16 on the H100's host, 3.4-5.0 ms at budgets 8-64
-(``kdtree_bench.profiling.ddtree_tree_bench``), about what the draft and the verify cost together
-at short contexts. Their shapes depend only on the batch size, so each batch size captures them
+3.4 ms a step at budget 16 and 5.2 ms at 64 on an H100's host, replayed 0.30 and 0.57 ms
+(``kdtree_bench.profiling.ddtree_tree_bench``); eagerly, about what the draft and the verify cost
+together at short contexts. Their shapes depend only on the batch size, so each batch size captures them
 once, on first use (one device synchronize then), and every later step replays them: two graph
 launches and a few copies. The verify mask, whose size follows the prefix lengths, stays eager
 (``tree.layout_from_nodes``).
