@@ -42,7 +42,10 @@
 # --host-samples: py-spy on the schedulers, from .sglsite/wheels, its table as host_samples.md);
 # SPEED_PRESET is the make_model.py preset (default rank), SPEED_LAYERS its target layer count
 # (default the preset's 4; records name such a model e.g. rank-61-layers); SPEED_SPEC=dflash or
-# ddtree writes a DFlash draft (ddtree: add --budget N to SPEED_ARGS, default 16);
+# ddtree writes a DFlash draft (ddtree: add --budget N to SPEED_ARGS, default 16); a list
+# (SPEED_SPEC=ddtree,dflash, or --budget 8,64) serves every mode once per algorithm and budget,
+# all started together, so they compare on one card in one command (how many fit at 128k, and
+# at which --mem-fraction: the second table of docs/development.md's memory plan);
 # SPEED_DRAFT_ATTENTION (dflash, ddtree) sets the draft model's attention backend (SGLang's
 # --speculative-draft-attention-backend, e.g. fa3 or flashinfer); records name it (draft_attention);
 # SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
@@ -137,8 +140,8 @@ run_phase() {
       python3 -m kdtree_bench.models.make_model --preset "$preset" ${SPEED_LAYERS:+--layers "$SPEED_LAYERS"} \
         --device cuda "/tmp/models/$preset"
       spec_args=()
-      case ${SPEED_SPEC:-eagle} in
-        dflash|ddtree)
+      case ,${SPEED_SPEC:-eagle}, in
+        *,dflash,*|*,ddtree,*)
           python3 -m kdtree_bench.models.make_dflash_draft --target "/tmp/models/$preset" "/tmp/models/$preset-dflash"
           spec_args=(--spec "$SPEED_SPEC" --draft "/tmp/models/$preset-dflash") ;;
       esac

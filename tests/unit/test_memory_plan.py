@@ -61,3 +61,17 @@ def test_the_reserve_is_the_room_that_was_too_small() -> None:
     reserve = memory_plan.reserve_gib()
     weights = memory_plan.weight_bytes(Row("rank", 61, "eagle", "bf16", 8, 1024)) / GIB
     assert reserve == pytest.approx(memory_plan.FREE_AT_START_GIB * 0.3 * 0.7 - weights)
+
+
+def test_servers_started_together_share_what_each_leaves_free() -> None:
+    # Each takes half of what is free, then holds 1 GiB more once it runs.
+    assert memory_plan.group_static_gib(100.0, 0.5, 3, overhead_gib=1.0) == [50.0, 24.5, 11.75]
+    row = Row("rank", 4, "ddtree", "bf16", 1, 131072)
+    weights = memory_plan.weight_bytes(row) / GIB
+    fraction, room = memory_plan.group_fit(row, 4, memory_plan.FREE_AT_START_H100_GIB)
+    assert room == pytest.approx(
+        memory_plan.group_static_gib(memory_plan.FREE_AT_START_H100_GIB, fraction, 4)[-1] - weights
+    )
+    for other in (fraction - 0.01, fraction + 0.01):  # the best fraction of the hundredths
+        shares = memory_plan.group_static_gib(memory_plan.FREE_AT_START_H100_GIB, other, 4)
+        assert shares[-1] - weights <= room

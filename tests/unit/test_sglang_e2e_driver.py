@@ -31,14 +31,16 @@ def test_flags_are_sglang_s_for_tree_chain_graphs_and_tp() -> None:
 
 
 def test_speed_specs_carry_the_draft_extend_switch_and_tp() -> None:
-    specs = sglang_e2e.speed_specs(Path("/m"), list(sglang_e2e.MODES), 0.1, (), tp=2)
+    configs = sglang_e2e.configurations(list(sglang_e2e.MODES), ["eagle"])
+    specs = sglang_e2e.speed_specs(Path("/m"), configs, 0.1, (), tp=2)
     by_name = {s.name: s for s in specs}
     assert by_name["speed_on_draft_triton"].mode == "on"
     assert by_name["speed_on_draft_triton"].env == {"KDTREE_DRAFT_EXTEND": "off"}
     assert by_name["speed_on_fp16"].env == {"KDTREE_FP8_NUMERICS": "fp16"}
     assert {s.tp for s in specs} == {2}
     assert {s.graph_max_bs for s in specs} == {4}
-    wide = sglang_e2e.speed_specs(Path("/m"), ["off"], 0.1, (), graph_max_bs=8)[0]
+    (off,) = sglang_e2e.configurations(["off"], ["eagle"])
+    wide = sglang_e2e.speed_specs(Path("/m"), [off], 0.1, (), graph_max_bs=8)[0]
     flags = wide.flags(30002)
     assert flags[flags.index("--cuda-graph-max-bs-decode") + 1] == "8"
     assert wide.describe()["graph_max_bs"] == 8
@@ -209,10 +211,9 @@ def test_the_draft_attention_option_is_refused_without_a_draft_model(tmp_path, c
     assert sglang_e2e.refusal(args) is None
     (spec,) = sglang_e2e.speed_specs(
         Path("/m"),
-        ["on"],
+        sglang_e2e.configurations(["on"], ["ddtree"]),
         0.2,
         (),
-        speculation="ddtree",
         draft=Path("/d"),
         draft_attention="triton",
     )
@@ -343,10 +344,9 @@ def test_spec_and_kv_dtype_options_are_refused_when_inconsistent(tmp_path, capsy
 def test_speed_specs_carry_dflash_fp8_and_eager() -> None:
     specs = sglang_e2e.speed_specs(
         Path("/m"),
-        ["off", "on"],
+        sglang_e2e.configurations(["off", "on"], ["dflash"]),
         0.2,
         (),
-        speculation="dflash",
         draft=Path("/d"),
         draft_window=2048,
         kv_dtype="fp8_e4m3",
@@ -518,10 +518,10 @@ def test_ddtree_flags_are_the_plugins() -> None:
     described = spec.describe()
     assert (described["spec"], described["budget"], described["draft"]) == ("ddtree", 64, "d16")
     assert "block_size" not in described
-    specs = sglang_e2e.speed_specs(
-        Path("/m"), ["off", "on"], 0.2, (), speculation="ddtree", draft=Path("/d"), budget=8
-    )
+    configs = sglang_e2e.configurations(["off", "on"], ["ddtree"], [8])
+    specs = sglang_e2e.speed_specs(Path("/m"), configs, 0.2, (), draft=Path("/d"))
     assert {(s.spec, s.budget) for s in specs} == {("ddtree", 8)}
+    assert [s.name for s in specs] == ["speed_off", "speed_on"]
 
 
 def test_ddtree_options_are_refused_when_inconsistent(tmp_path, capsys) -> None:
@@ -529,13 +529,197 @@ def test_ddtree_options_are_refused_when_inconsistent(tmp_path, capsys) -> None:
     base = ["--model", str(tmp_path), "--out", str(tmp_path)]
     draft = ["--draft", str(tmp_path)]
     assert sglang_e2e.main([*base, "--spec", "ddtree"]) == 2
-    assert sglang_e2e.main([*base, "--spec", "ddtree", *draft, "--budget", "0"]) == 2
     assert sglang_e2e.main([*base, "--spec", "ddtree", *draft, "--draft-window", "64"]) == 2
     assert sglang_e2e.main([*base, "--budget", "32"]) == 2
     err = capsys.readouterr().err
     assert "--spec ddtree needs --draft DIR" in err
-    assert "--budget must be at least 1, got 0" in err
-    assert "--draft-window is DFlash's: DDTree's draft reads the whole context" in err
+    assert "--draft-window is DFlash's: use it with --spec dflash (DDTree's draft reads" in err
     assert "--budget is DDTree's: use it with --spec ddtree" in err
+    with pytest.raises(SystemExit):
+        sglang_e2e.main([*base, "--spec", "ddtree", *draft, "--budget", "0"])
+    assert "--budget: expected positive integers, got '0'" in capsys.readouterr().err
     args = sglang_e2e.build_parser().parse_args([*base, "--spec", "ddtree", *draft])
-    assert args.budget == 16 and sglang_e2e.refusal(args) is None
+    assert args.budget == [16] and sglang_e2e.refusal(args) is None
+
+
+def test_several_algorithms_and_budgets_give_every_mode_a_server_each() -> None:
+    configs = sglang_e2e.configurations(["off", "on"], ["ddtree", "dflash"], [8, 64])
+    assert [(c.name, c.mode, c.spec, c.budget) for c in configs] == [
+        ("off_ddtree_b8", "off", "ddtree", 8),
+        ("on_ddtree_b8", "on", "ddtree", 8),
+        ("off_ddtree_b64", "off", "ddtree", 64),
+        ("on_ddtree_b64", "on", "ddtree", 64),
+        ("off_dflash", "off", "dflash", 16),
+        ("on_dflash", "on", "dflash", 16),
+    ]
+    # Reversed on alternate repetitions, each off stays next to its on.
+    names = [c.name for c in configs]
+    for repeat in range(2):
+        order = sglang_e2e.mode_order(names, 0, repeat)
+        for spec in ("ddtree_b8", "ddtree_b64", "dflash"):
+            assert abs(order.index(f"off_{spec}") - order.index(f"on_{spec}")) == 1
+    # One algorithm and one budget keep the plain mode names of every earlier record.
+    assert [c.name for c in sglang_e2e.configurations(["off", "on"], ["ddtree"], [32])] == [
+        "off",
+        "on",
+    ]
+    specs = sglang_e2e.speed_specs(
+        Path("/m"),
+        sglang_e2e.configurations(["on"], ["eagle", "dflash", "ddtree"]),
+        0.1,
+        (),
+        draft=Path("/d"),
+        draft_window=512,
+        draft_attention="triton",
+    )
+    assert [(s.name, s.spec, s.draft, s.draft_window, s.draft_attention) for s in specs] == [
+        ("speed_on_eagle", "eagle", None, None, None),
+        ("speed_on_dflash", "dflash", Path("/d"), 512, "triton"),
+        ("speed_on_ddtree", "ddtree", Path("/d"), None, "triton"),
+    ]
+
+
+def test_several_algorithms_and_budgets_are_refused_when_inconsistent(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path), "--draft", str(tmp_path)]
+    assert sglang_e2e.main([*base, "--spec", "ddtree", "--budget", "8,16,8"]) == 2
+    assert sglang_e2e.main([*base, "--spec", "dflash,eagle", "--budget", "8,64"]) == 2
+    assert sglang_e2e.main([*base[:4], "--spec", "eagle,ddtree"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget names a budget twice: [8, 16, 8]" in err
+    assert "--budget is DDTree's: use it with --spec ddtree" in err
+    assert "--spec eagle,ddtree needs --draft DIR" in err
+    for bad in ("ddtree,ddtree", "medusa", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            sglang_e2e.parse_specs(bad)
+    args = sglang_e2e.build_parser().parse_args(
+        [*base, "--spec", "ddtree,dflash", "--budget", "8,64", "--draft-window", "1024"]
+    )
+    assert sglang_e2e.refusal(args) is None
+    assert (args.spec, args.budget) == (["ddtree", "dflash"], [8, 64])
+
+
+STAND_IN_GENERATE = """
+import http.server, json, os, pathlib, sys
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+name = "-".join(
+    (
+        args[args.index("--speculative-algorithm") + 1],
+        args[args.index("--speculative-num-draft-tokens") + 1],
+        os.environ["KDTREE_VERIFY"],
+    )
+)
+calls = pathlib.Path(os.environ["STAND_IN_DIR"]) / "calls"
+class Handler(http.server.BaseHTTPRequestHandler):
+    def answer(self, body):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.answer(b"ok" if self.path == "/health" else b"# " + name.encode() + b"\\n")
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        new = request["sampling_params"]["max_new_tokens"]
+        with calls.open("a") as log:
+            log.write(f"{name} {new}\\n")
+        # An accept length of 2 at DFlash's width and of 4 at DDTree's: -(-new // n) steps.
+        per_step = 4 if name.startswith("DDTREE") else 2
+        self.answer(json.dumps([
+            {
+                "output_ids": list(range(new)),
+                "meta_info": {
+                    "completion_tokens": new,
+                    "spec_verify_ct": -(-new // per_step),
+                    "cached_tokens": len(ids) - 1,
+                },
+            }
+            for ids in request["input_ids"]
+        ]).encode())
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_order(
+    tmp_path, monkeypatch
+) -> None:
+    """Real kdtree-serve processes (``off``: ``on`` refuses a host without CUDA) with a stand-in
+    for SGLang's launcher that answers /generate:
+    one run serves DDTree at budgets 8 and 64 beside DFlash, warms every server up before any
+    timing, and writes a record per configuration whose server names its algorithm and budget."""
+    import json
+
+    model, draft = tmp_path / "rank", tmp_path / "rank-dflash"
+    model.mkdir()
+    draft.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    (draft / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 63}}))
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(STAND_IN_GENERATE)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("KDTREE_SGLANG_LAUNCHER", f"{sys.executable} {launcher}")
+    monkeypatch.setenv("STAND_IN_DIR", str(tmp_path))
+    out = tmp_path / "out"
+    code = sglang_e2e.main(
+        [
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--draft",
+            str(draft),
+            "--spec",
+            "ddtree,dflash",
+            "--budget",
+            "8,64",
+            "--modes",
+            "off",
+            "--shapes",
+            "1x32,2x16",
+            "--repeats",
+            "2",
+            "--new-tokens",
+            "12",
+            "--warmup-tokens",
+            "4",
+        ]
+    )
+    assert code == 0
+    speed = json.loads((out / "speed.json").read_text())
+    assert speed["complete"] is True
+    found = {
+        (r["server"]["name"], r["batch"], r["spec"], r["configuration"], r["server"].get("budget"))
+        for r in speed["records"]
+    }
+    assert found == {
+        (f"speed_off_{name}", batch, spec, "off", budget)
+        for name, spec, budget in (
+            ("ddtree_b8", "ddtree", 8),
+            ("ddtree_b64", "ddtree", 64),
+            ("dflash", "dflash", None),
+        )
+        for batch in (1, 2)
+    }
+    accept = {(r["spec"], r["accept_length"]) for r in speed["records"]}
+    assert accept == {("ddtree", 4.0), ("dflash", 2.0)}
+    assert all(r["repeats"] == 2 and "error" not in r for r in speed["records"])
+    # Per shape: the three prefills and warm-ups, then the timed calls in alternating order.
+    calls = (tmp_path / "calls").read_text().split("\n")[:-1]
+    widths = {"DDTREE-9-off": "b8", "DDTREE-65-off": "b64", "DFLASH-16-off": "dflash"}
+    first_shape = [(widths[c.split()[0]], int(c.split()[1])) for c in calls[:12]]
+    assert [new for _, new in first_shape] == [1, 4] * 3 + [12] * 6
+    assert [server for server, _ in first_shape[6:]] == [
+        "b8", "b64", "dflash", "dflash", "b64", "b8",
+    ]  # fmt: skip
+    assert sorted(f.name for f in out.glob("metrics_*.txt")) == [
+        "metrics_speed_off_ddtree_b64.txt",
+        "metrics_speed_off_ddtree_b8.txt",
+        "metrics_speed_off_dflash.txt",
+    ]
+    # The committed record keeps six rows, the budgets and algorithms apart.
+    from kdtree_bench.analysis import merge_e2e
+
+    rows = merge_e2e.merge({"records": []}, [("run1", speed)])["records"]
+    assert len({merge_e2e.row_key(r) for r in rows}) == len(rows) == 6

@@ -40,6 +40,16 @@ FREE_AT_START_GIB = 138.07
 """An H200's free memory when the first server starts: SGLang's "avail mem" before loading
 weights, in the logs of e2e 36 and 40 (bench/results/sglang_e2e/run36, run40)."""
 
+FREE_AT_START_H100_GIB = 77.85
+"""An H100's, in e2e 46's first server log (bench/results/sglang_e2e/run46)."""
+STARTED_SERVER_OVERHEAD_GIB = 1.23
+"""What a started 4-layer server holds beyond its static share (graphs, activations, CUDA's
+context): in e2e 42's logs an H200 had 139.13 GiB free before the first server (f 0.12: a static
+share of 16.70) and 121.20 before the second."""
+GROUP_CARDS = {"H100": FREE_AT_START_H100_GIB, "H200": FREE_AT_START_GIB}
+GROUP_SIZES = (2, 4, 6, 8)
+"""Servers a speed run starts together: an off and an on per DDTree budget or algorithm."""
+
 TWO_SERVERS_FRACTION = 0.36
 """The fraction the 61-layer rows have run two servers at."""
 TOO_SMALL_FRACTION = 0.3
@@ -162,6 +172,51 @@ def plan(row: Row, reserve: float) -> Plan:
     return Plan(row, weight_bytes(row) / GIB, tokens * kv_bytes_per_token(row) / GIB, reserve)
 
 
+def group_static_gib(
+    free_gib: float, fraction: float, count: int, overhead_gib: float = STARTED_SERVER_OVERHEAD_GIB
+) -> list[float]:
+    """The static share (weights and KV) of each of ``count`` servers started one after another,
+    as the speed harness starts them (each once the one before holds its pools): each takes
+    ``fraction`` of what is free, and leaves ``overhead_gib`` more taken once it runs."""
+    shares = []
+    for _ in range(count):
+        shares.append(free_gib * fraction)
+        free_gib -= free_gib * fraction + overhead_gib
+    return shares
+
+
+def group_fit(row: Row, count: int, free_gib: float) -> tuple[float, float]:
+    """The fraction (in hundredths) that leaves the last of ``count`` servers of ``row`` the most
+    KV room, and that room in GiB: the group fits where it is at least the row's KV."""
+    weights = weight_bytes(row) / GIB
+    rooms = {
+        f / 100: group_static_gib(free_gib, f / 100, count)[-1] - weights for f in range(5, 51)
+    }
+    fraction = max(rooms, key=rooms.__getitem__)
+    return fraction, rooms[fraction]
+
+
+def render_groups() -> str:
+    """Which groups of DDTree servers (the 4-layer rank model, batch 1, 128k) fit one card."""
+    row = Row("rank", 4, "ddtree", "bf16", 1, 131072)
+    kv = plan(row, 0).kv_gib
+    lines = [
+        f"Servers started together ({row.label}: {weight_bytes(row) / GIB:.1f} GiB of weights "
+        f"and {kv:.1f} of KV each; {STARTED_SERVER_OVERHEAD_GIB} GiB more per started server):",
+        "",
+        "| card | servers | best f | last server's KV room, GiB | fits |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for card, free in GROUP_CARDS.items():
+        for count in GROUP_SIZES:
+            fraction, room = group_fit(row, count, free)
+            lines.append(
+                f"| {card} | {count} | {fraction:.2f} | {room:.1f} | "
+                f"{'yes' if room >= kv else 'no'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     reserve = reserve_gib()
     lines = [
@@ -178,7 +233,7 @@ def render() -> str:
             f"| {p.row.label} | {p.weights_gib:.1f} | {p.kv_gib:.1f} | "
             f"{rooms[0]:.1f} / {rooms[1]:.1f} | {p.layout} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + render_groups()
 
 
 def with_table(document: str, table: str) -> str:

@@ -24,8 +24,13 @@ A record holds the median of the repetitions with their min and max (``tokens_pe
 every repetition (``samples``), and whether the repetitions generated the same tokens. Servers
 are measured one at a time (never two decoding at once), in an order that alternates per shape
 and per repetition (off,on then on,off), so neither mode always runs first after a warm-up.
-``--spec`` and ``--kv-dtype`` pick the configuration family (EAGLE or DFlash, bf16 or FP8 KV
-cache) that one command measures; every record names it (``spec``, ``kv_dtype``, ``model``).
+``--spec`` and ``--kv-dtype`` pick the configuration family (EAGLE, DFlash or DDTree, bf16 or
+FP8 KV cache) that one command measures; every record names it (``spec``, ``kv_dtype``,
+``model``). Several algorithms (``--spec ddtree,dflash``) or DDTree budgets (``--budget 8,64``)
+give every mode a server per algorithm and budget, all started together and measured in one
+alternating order, so they compare on one card in one command; the servers must then fit the
+GPU together (SGLang gives each ``--mem-fraction`` of what is free when it starts, so the
+n-th server gets about (1 - f)^(n-1) f of the card: docs/development.md's memory plan).
 ``speed.json`` is written again after every shape (``complete`` false until the last one), so a
 run cut by a time limit keeps what it measured. ``bench/kdtree_bench/analysis/merge_e2e.py`` folds the ``speed.json``
 files of runs into the committed record.
@@ -39,8 +44,8 @@ GPU time per verify step per kernel, side by side, to ``OUT/profile/profile.md``
 Usage (on the GPU machine, with the payload's environment; see docs/development.md):
     python -m kdtree_bench.e2e.sglang_e2e --model DIR --out OUT [--batches 1,8] [--prompt-lens 1024,...]
                                [--shapes 1x1024,1x131072,8x32768,...]
-        [--repeats 3] [--spec eagle|dflash|ddtree --draft DIR [--draft-window N] [--budget N]
-                                              [--draft-attention-backend BACKEND]]
+        [--repeats 3] [--spec eagle|dflash|ddtree[,...] --draft DIR [--draft-window N]
+                                   [--budget N[,N...]] [--draft-attention-backend BACKEND]]
         [--kv-dtype bf16|fp8]
 """
 
@@ -55,6 +60,7 @@ import shutil
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +96,10 @@ MODES = {
 }
 DEFAULT_MODES = ("off", "on", "on_draft_triton")
 """--modes when not given; on_fp16 only where asked for (it needs an fp8 KV cache to differ)."""
+SPECS = ("eagle", "dflash", "ddtree")
+"""The speculative algorithms a speed run can serve (``--spec``)."""
+DRAFT_MODEL_SPECS = ("dflash", "ddtree")
+"""Those that serve a draft model (``--draft``)."""
 RECORD_PREFIX = "[e2e] "
 """What starts the line each record is printed on as it is measured (then the record's JSON)."""
 KV_DTYPE_NAMES = {"bf16": "bfloat16", "fp8": "fp8_e4m3"}
@@ -132,6 +142,19 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
+def parse_specs(text: str) -> list[str]:
+    """``ddtree,dflash`` -> ["ddtree", "dflash"]: known algorithms, each once, in order."""
+    specs = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(specs) - set(SPECS))
+    if not specs or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected algorithms from {', '.join(SPECS)}, got {text!r}"
+        )
+    if len(set(specs)) != len(specs):
+        raise argparse.ArgumentTypeError(f"an algorithm is named twice in {text!r}")
+    return specs
+
+
 def random_prompts(
     batch: int, length: int, vocab: int, seed: int, avoid: frozenset[int] = frozenset()
 ) -> list[list[int]]:
@@ -149,10 +172,10 @@ def random_prompts(
     return prompts
 
 
-def mode_order(modes: list[str], shape: int, repeat: int) -> list[str]:
+def mode_order(names: list[str], shape: int, repeat: int) -> list[str]:
     """The order the servers are measured in, for repetition ``repeat`` of shape ``shape``:
-    as given, then reversed, alternating, so no mode always comes first (or last)."""
-    return list(modes) if (shape + repeat) % 2 == 0 else list(reversed(modes))
+    as given, then reversed, alternating, so no configuration always comes first (or last)."""
+    return list(names) if (shape + repeat) % 2 == 0 else list(reversed(names))
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -285,43 +308,77 @@ def records_in_log(text: str) -> list[dict[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """One server of a speed run: a mode of ``MODES`` under one speculative algorithm and, for
+    DDTree, one budget. ``name`` is unique in the run (its server is ``speed_<name>``); a record
+    names ``mode`` as its ``configuration`` and the algorithm and budget in its server's
+    description, so the committed record keys it like any other row."""
+
+    name: str
+    mode: str
+    spec: str = "eagle"
+    budget: int = DDTREE_BUDGET
+
+
+def configurations(
+    modes: list[str], specs: list[str], budgets: list[int] | None = None
+) -> list[Configuration]:
+    """Every (algorithm, budget, mode) a run measures: each algorithm's and budget's modes side
+    by side, so that ``mode_order``'s reversal keeps an ``off`` next to its ``on``. A name is the
+    mode, with the algorithm where several run and the budget where several DDTree budgets do."""
+    budgets = budgets or [DDTREE_BUDGET]
+    found = []
+    for spec in specs:
+        for budget in budgets if spec == "ddtree" else [DDTREE_BUDGET]:
+            for mode in modes:
+                name = mode + (f"_{spec}" if len(specs) > 1 else "")
+                name += f"_b{budget}" if spec == "ddtree" and len(budgets) > 1 else ""
+                found.append(Configuration(name, mode, spec, budget))
+    return found
+
+
 def speed_specs(
     model: Path,
-    modes: list[str],
+    configs: list[Configuration],
     mem_fraction: float,
     extra: tuple[str, ...],
     tp: int = 1,
     graph_max_bs: int = GRAPH_MAX_BS,
-    speculation: str = "tree",
+    eagle_shape: str = "tree",
     draft: Path | None = None,
     block_size: int = DFLASH_BLOCK_SIZE,
     draft_window: int | None = None,
-    budget: int = DDTREE_BUDGET,
     draft_attention: str | None = None,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
 ) -> list[ServerSpec]:
-    return [
-        ServerSpec(
-            f"speed_{name}",
-            MODES[name][0],
-            model,
-            speculation=speculation,
-            draft=draft,
-            block_size=block_size,
-            draft_window=draft_window,
-            budget=budget,
-            draft_attention=draft_attention,
-            kv_dtype=kv_dtype,
-            cuda_graphs=cuda_graphs,
-            mem_fraction=mem_fraction,
-            extra=extra,
-            env=MODES[name][1],
-            tp=tp,
-            graph_max_bs=graph_max_bs,
+    """The servers of ``configs``; the draft model and its options go to the algorithms that
+    serve one (the draft window to DFlash's alone), ``eagle_shape`` (tree or chain) to EAGLE's."""
+    specs = []
+    for config in configs:
+        has_draft = config.spec in DRAFT_MODEL_SPECS
+        specs.append(
+            ServerSpec(
+                f"speed_{config.name}",
+                MODES[config.mode][0],
+                model,
+                speculation={"dflash": DFLASH, "ddtree": DDTREE}.get(config.spec, eagle_shape),
+                draft=draft if has_draft else None,
+                block_size=block_size,
+                draft_window=draft_window if config.spec == "dflash" else None,
+                budget=config.budget,
+                draft_attention=draft_attention if has_draft else None,
+                kv_dtype=kv_dtype,
+                cuda_graphs=cuda_graphs,
+                mem_fraction=mem_fraction,
+                extra=extra,
+                env=MODES[config.mode][1],
+                tp=tp,
+                graph_max_bs=graph_max_bs,
+            )
         )
-        for name in modes
-    ]
+    return specs
 
 
 def measured_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -343,19 +400,18 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((args.model / "config.json").read_text())
     kv_dtype = KV_DTYPE_NAMES[args.kv_dtype]
-    speculation = {"dflash": DFLASH, "ddtree": DDTREE}.get(args.spec, args.speculation)
+    configs = configurations(args.modes, args.spec, args.budget)
     specs = speed_specs(
         args.model,
-        args.modes,
+        configs,
         args.mem_fraction,
         tuple(args.server_arg),
         tp=args.tp,
         graph_max_bs=args.graph_max_bs,
-        speculation=speculation,
+        eagle_shape=args.speculation,
         draft=args.draft,
         block_size=args.block_size,
         draft_window=args.draft_window,
-        budget=args.budget,
         draft_attention=args.draft_attention_backend,
         kv_dtype=kv_dtype,
         cuda_graphs=not args.no_cuda_graphs,
@@ -390,12 +446,12 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 prompts = random_prompts(
                     batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
                 )
-                for record in measure_shape(servers, args, prompts, index):
-                    record.update(model=model_name, spec=specs[0].spec, kv_dtype=kv_dtype)
+                for record in measure_shape(servers, configs, args, prompts, index):
+                    record.update(model=model_name, kv_dtype=kv_dtype)
                     print(RECORD_PREFIX + json.dumps(record), flush=True)
                     records.append(record)
                 if args.profile_shape == (prompt_len, batch):
-                    profile = profile_shape(servers, args, prompts)
+                    profile = profile_shape(servers, configs, args, prompts)
                 # What is measured so far, in case the run is cut (a device command's limit).
                 write_result(complete=False)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
@@ -445,24 +501,27 @@ def speed_result(
 
 
 def profile_shape(
-    servers: dict[str, SGLangServer], args: argparse.Namespace, prompts: list[list[int]]
+    servers: dict[str, SGLangServer],
+    configs: list[Configuration],
+    args: argparse.Namespace,
+    prompts: list[list[int]],
 ) -> dict[str, Any]:
     """One profiled generation per configuration at an already measured (cached, warm) shape;
     the side-by-side table goes to OUT/profile/profile.md and into the returned record."""
     folder = args.out / "profile"
     times, steps, runs = {}, {}, {}
-    for mode in args.modes:
-        server = servers[f"speed_{mode}"]
+    for name in (c.name for c in configs):
+        server = servers[f"speed_{name}"]
         done = profile_decode(
             server,
             lambda server=server: generate(
                 server, prompts, args.profile_tokens, args.request_timeout
             ),
-            folder / mode,
+            folder / name,
             args.request_timeout,
         )
-        times[mode], steps[mode] = merged_times(done.traces), done.verify_steps
-        runs[mode] = {
+        times[name], steps[name] = merged_times(done.traces), done.verify_steps
+        runs[name] = {
             "traces": [str(t.relative_to(args.out)) for t in done.traces],
             "verify_steps": done.verify_steps,
             "generated_tokens": done.generated_tokens,
@@ -484,17 +543,18 @@ def profile_shape(
     }
 
 
-def measurement_plan(modes: list[str], shape: int, repeats: int) -> list[tuple[str, int, str]]:
-    """What one shape's measurement does, in order: ``("warmup", -1, mode)`` for every mode,
-    then ``("timed", repeat, mode)`` for each repetition, the modes in ``mode_order``."""
-    plan = [("warmup", -1, mode) for mode in mode_order(modes, shape, 0)]
+def measurement_plan(names: list[str], shape: int, repeats: int) -> list[tuple[str, int, str]]:
+    """What one shape's measurement does, in order: ``("warmup", -1, name)`` for every
+    configuration, then ``("timed", repeat, name)`` for each repetition, in ``mode_order``."""
+    plan = [("warmup", -1, name) for name in mode_order(names, shape, 0)]
     for repeat in range(repeats):
-        plan += [("timed", repeat, mode) for mode in mode_order(modes, shape, repeat)]
+        plan += [("timed", repeat, name) for name in mode_order(names, shape, repeat)]
     return plan
 
 
 def measure_shape(
     servers: dict[str, SGLangServer],
+    configs: list[Configuration],
     args: argparse.Namespace,
     prompts: list[list[int]],
     shape: int,
@@ -502,39 +562,43 @@ def measure_shape(
     """Run ``measurement_plan`` for these prompts; one record per configuration. A server whose
     call fails is left out of the rest of the shape, its record keeping what it measured."""
     batch, prompt_len = len(prompts), len(prompts[0])
+    names = [c.name for c in configs]
     warm: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
-    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
-    positions: dict[str, list[int]] = {m: [] for m in args.modes}
-    for phase, repeat, mode in measurement_plan(args.modes, shape, args.repeats):
-        if mode in errors:
+    samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    positions: dict[str, list[int]] = {n: [] for n in names}
+    for phase, repeat, name in measurement_plan(names, shape, args.repeats):
+        if name in errors:
             continue
-        server = servers[f"speed_{mode}"]
+        server = servers[f"speed_{name}"]
         try:
             if phase == "warmup":
-                warm[mode] = warm_up(server, prompts, args.warmup_tokens, args.request_timeout)
+                warm[name] = warm_up(server, prompts, args.warmup_tokens, args.request_timeout)
             else:
-                samples[mode].append(
+                samples[name].append(
                     measure(server, prompts, args.new_tokens, args.request_timeout)
                 )
-                positions[mode].append(mode_order(args.modes, shape, repeat).index(mode))
+                positions[name].append(mode_order(names, shape, repeat).index(name))
         except (RuntimeError, OSError) as error:
-            errors[mode] = f"{phase} {repeat}: {error}" if phase == "timed" else str(error)
+            errors[name] = f"{phase} {repeat}: {error}" if phase == "timed" else str(error)
     records = []
-    for mode in args.modes:
-        server = servers[f"speed_{mode}"]
+    for config in configs:
+        server = servers[f"speed_{config.name}"]
         record: dict[str, Any] = {
             "batch": batch,
             "prompt_len": prompt_len,
             "new_tokens": args.new_tokens,
         }
-        if samples[mode]:
-            record.update(shape_record(samples[mode], warm[mode], positions[mode]))
-        if mode in errors:
-            record["error"] = errors[mode]
+        if samples[config.name]:
+            record.update(
+                shape_record(samples[config.name], warm[config.name], positions[config.name])
+            )
+        if config.name in errors:
+            record["error"] = errors[config.name]
         record.update(
             mode=server.spec.mode,
-            configuration=mode,
+            configuration=config.mode,
+            spec=server.spec.spec,
             server=server.spec.describe(),
             server_flags=server.spec.flags(server.port),
             log=server.log_path.name,
@@ -568,9 +632,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--spec",
-        choices=("eagle", "dflash", "ddtree"),
-        default="eagle",
-        help="speculative algorithm (ddtree: the DFlash draft's tree, --budget nodes)",
+        type=parse_specs,
+        default=["eagle"],
+        help="speculative algorithms, comma-separated, each with every mode "
+        f"(from {', '.join(SPECS)}; ddtree: the DFlash draft's tree, --budget nodes)",
     )
     parser.add_argument(
         "--speculation", choices=("tree", "chain"), default="tree", help="EAGLE's draft shape"
@@ -580,9 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--budget",
-        type=int,
-        default=DDTREE_BUDGET,
-        help=f"DDTree: draft-tree nodes verified per step (default {DDTREE_BUDGET})",
+        type=parse_ints,
+        default=[DDTREE_BUDGET],
+        help="DDTree: draft-tree nodes verified per step, comma-separated for a server pair "
+        f"per budget, all started together (default {DDTREE_BUDGET})",
     )
     parser.add_argument(
         "--block-size", type=int, default=DFLASH_BLOCK_SIZE, help="DFlash tokens per verify"
@@ -669,33 +735,34 @@ def refusal(args: argparse.Namespace) -> str | None:
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown or not args.modes:
         return f"--modes: unknown {unknown}; choose from {list(MODES)}"
-    if args.spec in ("dflash", "ddtree"):
+    specs = set(args.spec)
+    if specs & set(DRAFT_MODEL_SPECS):
         if args.draft is None:
-            return f"--spec {args.spec} needs --draft DIR (make_dflash_draft.py)"
+            return f"--spec {','.join(args.spec)} needs --draft DIR (make_dflash_draft.py)"
         if not (args.draft / "config.json").is_file():
             return f"no config.json in the draft {args.draft}"
-    if args.spec == "ddtree":
-        if args.budget < 1:
-            return f"--budget must be at least 1, got {args.budget}"
-        if args.draft_window is not None:
-            return "--draft-window is DFlash's: DDTree's draft reads the whole context"
-    elif args.budget != DDTREE_BUDGET:
+    elif args.draft is not None:
+        return "--draft is a DFlash draft: use it with --spec dflash or ddtree"
+    if "ddtree" not in specs and args.budget != [DDTREE_BUDGET]:
         return "--budget is DDTree's: use it with --spec ddtree"
-    if args.spec == "dflash":
-        if args.block_size < 2:
-            return f"--block-size must be at least 2, got {args.block_size}"
-        if args.draft_window is not None and args.draft_window < args.block_size:
+    if len(set(args.budget)) != len(args.budget):
+        return f"--budget names a budget twice: {args.budget}"
+    if "dflash" in specs and args.block_size < 2:
+        return f"--block-size must be at least 2, got {args.block_size}"
+    if args.draft_window is not None:
+        if "dflash" not in specs:
+            return (
+                "--draft-window is DFlash's: use it with --spec dflash "
+                "(DDTree's draft reads the whole context)"
+            )
+        if args.draft_window < args.block_size:
             return (
                 f"--draft-window {args.draft_window} is smaller than the block ({args.block_size})"
             )
-    elif args.draft is not None and args.spec != "ddtree":
-        return "--draft is a DFlash draft: use it with --spec dflash or ddtree"
-    elif args.draft_window is not None:
-        return "--draft-window is DFlash's: use it with --spec dflash"
-    if args.draft_attention_backend is not None and args.spec not in ("dflash", "ddtree"):
+    if args.draft_attention_backend is not None and not specs & set(DRAFT_MODEL_SPECS):
         return (
             "--draft-attention-backend is a draft model's: use it with --spec dflash or ddtree "
-            f"(--spec {args.spec} has no draft model)"
+            f"(--spec {','.join(args.spec)} has no draft model)"
         )
     if args.host_samples and shutil.which("py-spy") is None:
         return "--host-samples needs py-spy on PATH (docs/development.md)"
