@@ -56,14 +56,15 @@ def deep_predictions(nodes, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("budget", [1, 16, 64])
-@pytest.mark.parametrize("bs", [1, 8])
-def test_the_graphs_replay_what_the_eager_step_computes(budget, bs):
-    """Three steps through one batch size's graphs (capture, then replays on new inputs) against
-    the eager functions; what a step hands on survives the next step's replay."""
+@pytest.mark.parametrize("batch_sizes", [[1, 1, 1], [8, 8, 8], [1, 8, 3, 8, 1, 3, 8]])
+def test_the_graphs_replay_what_the_eager_step_computes(budget, batch_sizes):
+    """Steps through the graphs (a capture at each batch size's first step, replays on new
+    inputs after it, batch sizes interleaved in one shared pool) against the eager functions;
+    what a step hands on survives the next steps' replays."""
     graphs = TreeStepGraphs(budget)
     width = budget + 1
     handed_on = []
-    for seed in range(3):
+    for seed, bs in enumerate(batch_sizes):
         roots, tokens, logprobs = draft_top_k(bs, seed, "cuda")
         window = torch.randperm(100_000, device="cuda")[: bs * width].view(bs, width)
         expected_nodes = search_nodes(roots, tokens, logprobs, budget)

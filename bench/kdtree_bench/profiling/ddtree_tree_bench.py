@@ -8,8 +8,10 @@ arm, budget and batch at one prefix length: ``host_us``, the host time to enqueu
 step bound by SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each
 the median over repetitions, with min and max, after a warm-up (which captures the graphs).
 
-Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] [--profile] (CUDA only);
-``--profile`` adds PyTorch's profiler table of one budget's steps (host and GPU time per op).
+Usage: python -m kdtree_bench.profiling.ddtree_tree_bench [--out F.json] [--profile BUDGET]
+[--memory N] (CUDA only); ``--profile`` adds PyTorch's profiler table of one budget's steps (host
+and GPU time per op), ``--memory`` the GPU memory the graphs of batch sizes 1..N hold, in one
+shared pool (as the worker captures them) and in a pool per batch size.
 """
 
 from __future__ import annotations
@@ -34,19 +36,25 @@ DEPTH, TOP_K, VOCAB = 15, 8, 4096
 ARMS = ("graphs", "eager")
 
 
-def tree_step(budget: int, batch: int, prefix: int, arm: str) -> Callable[[], None]:
-    """One decode step's tree stretch on random draft top-k: ``graphs`` as the worker runs it,
-    ``eager`` op by op."""
+def step_inputs(budget: int, batch: int) -> tuple[torch.Tensor, ...]:
+    """Random draft top-k for ``batch`` requests (roots, tokens, log-probs), then the target's
+    predictions and the verify window's slots for a tree of ``budget`` nodes."""
     gen = torch.Generator(device="cuda").manual_seed(budget * 100 + batch)
     logits = torch.randn(batch, DEPTH, VOCAB, device="cuda", generator=gen)
     logprobs, tokens = torch.log_softmax(logits, -1).topk(TOP_K, dim=-1)
     roots = torch.randint(0, VOCAB, (batch,), device="cuda", generator=gen)
-    prefix_cpu = torch.full((batch,), prefix, dtype=torch.int64)
-    prefix_lens = prefix_cpu.cuda()
     width = budget + 1
     window = torch.arange(batch * width, device="cuda").view(batch, width)
     predict = torch.randint(0, VOCAB, (batch, width), device="cuda", generator=gen)
+    return roots, tokens, logprobs, predict, window
 
+
+def tree_step(budget: int, batch: int, prefix: int, arm: str) -> Callable[[], None]:
+    """One decode step's tree stretch on random draft top-k: ``graphs`` as the worker runs it,
+    ``eager`` op by op."""
+    roots, tokens, logprobs, predict, window = step_inputs(budget, batch)
+    prefix_cpu = torch.full((batch,), prefix, dtype=torch.int64)
+    prefix_lens = prefix_cpu.cuda()
     graphs = TreeStepGraphs(budget)
 
     def step() -> None:
@@ -90,6 +98,32 @@ def measure(
     }
 
 
+def graph_memory(budget: int, batches: int, shared: bool) -> dict[str, Any]:
+    """GPU memory held once the search and the walk are captured for batch sizes 1..``batches``:
+    ``shared``, by one ``TreeStepGraphs`` (one pool, as a server holds them), else by one per
+    batch size (a pool each). Measured as the memory reserved beyond what was before, after
+    ``empty_cache`` (which returns cached memory, but not the graphs' pools)."""
+    inputs = step_inputs(budget, batches)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    held = [TreeStepGraphs(budget)]
+    for batch in range(1, batches + 1):
+        if not shared and batch > 1:
+            held.append(TreeStepGraphs(budget))
+        roots, tokens, logprobs, predict, window = (x[:batch] for x in inputs)
+        held[-1].search(roots, tokens, logprobs)
+        held[-1].accept(predict, window)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {
+        "budget": budget,
+        "batch_sizes": batches,
+        "pool": "shared" if shared else "one per batch size",
+        "held_mib": round((torch.cuda.memory_reserved() - before) / 2**20, 1),
+    }
+
+
 def profile_table(budget: int, prefix: int, steps: int = 20) -> str:
     """PyTorch's per-op table of ``steps`` warm eager tree stretches at batch 1, by host time."""
     step = tree_step(budget, 1, prefix, "eager")
@@ -115,6 +149,13 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=int, metavar="BUDGET", help="PyTorch's profiler table for this budget"
     )
+    parser.add_argument(
+        "--memory",
+        type=int,
+        metavar="N",
+        help="also the memory the graphs of batch sizes 1..N hold at each budget, one shared "
+        "pool against a pool per batch size",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -133,11 +174,21 @@ def main() -> int:
                     f"gpu {gpu['median']} µs [{gpu['min']}, {gpu['max']}]",
                     flush=True,
                 )
+    memory = []
+    for budget in (int(b) for b in args.budgets.split(",")) if args.memory else ():
+        for shared in (True, False):
+            memory.append(graph_memory(budget, args.memory, shared))
+            print(
+                f"memory budget {budget:>2}, batch sizes 1..{args.memory}, "
+                f"{memory[-1]['pool']}: {memory[-1]['held_mib']} MiB",
+                flush=True,
+            )
     if args.profile:
         print(profile_table(args.profile, args.prefix), flush=True)
     if args.out:
         device = torch.cuda.get_device_name()
-        args.out.write_text(json.dumps({"device": device, "records": records}, indent=2) + "\n")
+        result = {"device": device, "records": records, "memory": memory}
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -12,6 +12,14 @@ launches and a few copies. The verify mask, whose size follows the prefix length
 
 What a step hands on to SGLang is copied out of the graphs' static buffers, which the next step's
 replay overwrites.
+
+Every graph captures into one memory pool, so a server that sees many batch sizes holds their
+outputs and one set of scratch (the sorts' workspaces, the walk's temporaries), not scratch per
+graph beyond SGLang's KV sizing. A captured graph's outputs stay allocated (its ``_Captured``
+holds them), so no later capture takes the memory of the outputs a graph reads; a later capture
+may place its outputs in an earlier graph's scratch, so any replay may overwrite the outputs of
+another batch size's graphs. A step replays its batch size's search and walk with nothing between
+them, and what it hands on is copied out, so the next step, of any batch size, is free to.
 """
 
 from __future__ import annotations
@@ -46,9 +54,9 @@ class _Captured:
         return self.outputs
 
 
-def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...]) -> _Captured:
-    """Capture ``fn`` over static copies of ``args``, after one warm-up run off the graph (lazy
-    initialisations such as cuBLAS's handle must not happen inside a capture)."""
+def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...], pool: tuple) -> _Captured:
+    """Capture ``fn`` over static copies of ``args`` into ``pool``, after one warm-up run off the
+    graph (lazy initialisations such as cuBLAS's handle must not happen inside a capture)."""
     inputs = tuple(arg.clone() for arg in args)
     side = torch.cuda.Stream(device=inputs[0].device)
     side.wait_stream(torch.cuda.current_stream(inputs[0].device))
@@ -57,7 +65,7 @@ def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...]) -> _Capt
     torch.cuda.current_stream(inputs[0].device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # thread_local: a capture in the scheduler's thread tolerates CUDA calls of other threads.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         outputs = fn(*inputs)
     return _Captured(graph, inputs, outputs)
 
@@ -69,17 +77,25 @@ class TreeStepGraphs:
         self.budget = int(budget)
         self._search: dict[int, _Captured] = {}
         self._accept: dict[int, _Captured] = {}
+        self._pool: tuple | None = None  # the captures' shared pool, made by the first one
+
+    def _capture(self, fn: Callable[..., object], args: tuple[torch.Tensor, ...]) -> _Captured:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return _capture(fn, args, self._pool)
 
     def search(
         self, roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor
     ) -> TreeNodes:
         """``search_nodes`` for ``[bs]`` roots and ``[bs, depth, k]`` top-k; the result lives in
-        the graph's buffers until this batch size's next search."""
+        the graph's buffers until the next search, of any batch size."""
         bs = int(roots.shape[0])
         args = (roots.reshape(bs), top_tokens, top_logprobs)
         if bs not in self._search:
             logger.info("DDTREE: capturing the tree search for batch size %d", bs)
-            self._search[bs] = _capture(lambda r, t, lp: search_nodes(r, t, lp, self.budget), args)
+            self._search[bs] = self._capture(
+                lambda r, t, lp: search_nodes(r, t, lp, self.budget), args
+            )
         return self._search[bs].run(*args)
 
     def accept(self, predict: torch.Tensor, window: torch.Tensor) -> AcceptedStep:
@@ -93,7 +109,7 @@ class TreeStepGraphs:
         if bs not in self._accept:
             nodes = self._search[bs].outputs
             logger.info("DDTREE: capturing the acceptance walk for batch size %d", bs)
-            self._accept[bs] = _capture(lambda p, w: accept_step(nodes, p, w), args)
+            self._accept[bs] = self._capture(lambda p, w: accept_step(nodes, p, w), args)
         step = self._accept[bs].run(*args)
         acceptance = step.acceptance
         return replace(
