@@ -11,9 +11,12 @@
 #                and SGLang's real code; TESTS_ONLY=FILE: the test ids listed there), then
 #                `kdtree-selfcheck` as an operator runs it (its reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
-#                ddtree, ddtree-64, ddtree-kimi, kimi; default eagle): validate == off, the parity gate;
-#                the families start at once, and each server takes its family's static fraction of the
-#                card (seven servers at 0.07-0.09 for the tiny ones): their sum must stay under 1
+#                ddtree, ddtree-64, ddtree-rank, ddtree-rank-64, ddtree-kimi-16, ddtree-kimi, kimi;
+#                default eagle): validate == off, the parity gate (not the ddtree-rank* and
+#                ddtree-kimi-16 families: validate == off alone, four servers at 0.2);
+#                the families start at once, and each server takes its family's static fraction of
+#                what the card has free (seven servers at 0.07-0.09 for the tiny ones): one tiny
+#                family fits an H100, two did not; E2E_SEQUENTIAL=1 runs them one after another
 #   speed        bench/kdtree_bench/e2e/sglang_e2e.py on the rank model (SPEED_PRESET), EAGLE or DFlash (SPEED_SPEC):
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
 #                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
@@ -124,11 +127,13 @@ run_phase() {
       say "kdtree-selfcheck exit $?" ;;
     correctness)
       # One pytest per configuration family (E2E_CONFIGS, default eagle), all at once: each
-      # family's servers start in waves of four, and the families share the GPU.
+      # family's servers start in waves of four, and the families share the GPU. With
+      # E2E_SEQUENTIAL=1 one family after another, each with the whole card.
       for config in ${E2E_CONFIGS:-eagle}; do
         KDTREE_E2E_CONFIG=$config KDTREE_E2E_OUT=$OUT/correctness/$config timeout "${E2E_TIMEOUT:-560}" \
           python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_sglang_e2e.py \
           >"$OUT/correctness_$config.log" 2>&1 &
+        [ "${E2E_SEQUENTIAL:-0}" != 1 ] || wait
       done
       wait
       for config in ${E2E_CONFIGS:-eagle}; do
