@@ -1,17 +1,21 @@
 """DDTree's device tree search on CUDA: the same trees and layout as on the CPU (where the unit tests
-hold them to ``build_tree``), and no host sync from the draft's top-k to the accepted path."""
+hold them to ``build_tree``), both searches (``torch``'s sorts and ``triton``'s heap kernel) as
+CUDA graphs, and no host sync from the draft's top-k to the accepted path."""
 
 import pytest
 import torch
 
-from kdtree_inference.ddtree.step_graphs import TreeStepGraphs
+from kdtree_inference.ddtree.heap_search import best_first_heap
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, tree_search
 from kdtree_inference.ddtree.tree import (
     accept_step,
     best_first_nodes,
+    build_tree,
     layout_from_nodes,
-    search_nodes,
     tree_nodes,
 )
+
+SEARCHES = ["torch", "triton"]
 
 DEPTH, TOP_K = 15, 8  # DFlash's block of 16 and the default top-k
 
@@ -42,6 +46,25 @@ def test_the_device_search_equals_the_cpu_search(budget):
         assert torch.equal(getattr(layouts[0], field), getattr(layouts[1], field).cpu()), field
 
 
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_the_heap_kernel_makes_build_trees_trees_on_the_gpu(ties):
+    """Compiled for this GPU (the unit tests run it interpreted): build_tree's nodes, parents,
+    depths and float64 scores for every request, ties included."""
+    roots, tokens, logprobs = draft_top_k(8, 7, "cpu")
+    if ties:
+        logprobs = logprobs.round()  # a few distinct values: equal path scores are common
+    for budget in (1, 8, 16, 33, 64):
+        got = [
+            t.cpu() for t in best_first_heap(roots.cuda(), tokens.cuda(), logprobs.cuda(), budget)
+        ]
+        for i in range(8):
+            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
+            assert got[0][i].tolist() == tree.tokens.tolist(), (budget, i)
+            assert got[1][i, 1:].tolist() == tree.parents[1:].tolist(), (budget, i)
+            assert got[2][i].tolist() == tree.depths.tolist(), (budget, i)
+            assert got[3][i].tolist() == tree.scores.tolist(), (budget, i)
+
+
 def deep_predictions(nodes, seed: int) -> torch.Tensor:
     """Target predictions that accept each tree along first children as deep as it goes (a
     random walk would stop at the root most of the time): after node i, its first child's
@@ -55,13 +78,15 @@ def deep_predictions(nodes, seed: int) -> torch.Tensor:
     return predict.cuda()
 
 
+@pytest.mark.parametrize("search", SEARCHES)
 @pytest.mark.parametrize("budget", [1, 16, 64])
 @pytest.mark.parametrize("batch_sizes", [[1, 1, 1], [8, 8, 8], [1, 8, 3, 8, 1, 3, 8]])
-def test_the_graphs_replay_what_the_eager_step_computes(budget, batch_sizes):
+def test_the_graphs_replay_what_the_eager_step_computes(budget, batch_sizes, search):
     """Steps through the graphs (a capture at each batch size's first step, replays on new
     inputs after it, batch sizes interleaved in one shared pool) against the eager functions;
     what a step hands on survives the next steps' replays."""
-    graphs = TreeStepGraphs(budget)
+    search_nodes = tree_search(search)
+    graphs = TreeStepGraphs(budget, search_nodes)
     width = budget + 1
     handed_on = []
     for seed, bs in enumerate(batch_sizes):
@@ -97,8 +122,9 @@ def test_the_graphs_refuse_what_they_were_not_captured_for():
         graphs.search(roots, tokens[:, :4], logprobs[:, :4])
 
 
+@pytest.mark.parametrize("search", SEARCHES)
 @pytest.mark.parametrize("budget", [16, 64])
-def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget):
+def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget, search):
     """What the worker runs between the draft and the commit, once its graphs are captured,
     under CUDA's sync check: a synchronizing call raises. The prefix lengths come from the host,
     as the worker reads them once at the step's start."""
@@ -109,7 +135,7 @@ def test_the_step_from_top_k_to_the_accepted_path_never_waits_for_the_gpu(budget
     window = torch.arange(8 * width, device="cuda").view(8, width) + 50_000
     # Random target predictions: the walk's work is the same however far it gets.
     predict = torch.randint(0, 4096, (8, width), device="cuda")
-    graphs = TreeStepGraphs(budget)
+    graphs = TreeStepGraphs(budget, tree_search(search))
     graphs.search(roots, tokens, logprobs)
     graphs.accept(predict, window)  # the captures, with their one synchronize each
     torch.cuda.synchronize()

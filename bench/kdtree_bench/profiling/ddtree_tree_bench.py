@@ -2,8 +2,10 @@
 
 Between the draft's top-k and the commit, the worker runs the tree search, the verify layout, the
 greedy walk and the KV moves (``kdtree_inference.ddtree.tree``): about two hundred small kernels.
-It replays the search and the walk as CUDA graphs (``kdtree_inference.ddtree.step_graphs``); the
-``eager`` arm runs the same ops one by one, as the worker did before. Reported per step, for each
+It replays the search and the walk as CUDA graphs (``kdtree_inference.ddtree.step_graphs``),
+the search either torch's batched sorts (``graphs``) or one Triton kernel per request
+(``graphs_triton``, ``kdtree_inference.ddtree.heap_search``); the ``eager`` arm runs the torch
+ops one by one, as the worker did before. Reported per step, for each
 arm, budget and batch at one prefix length: ``host_us``, the host time to enqueue them (what a
 step bound by SGLang's host loop pays), and ``gpu_us``, their GPU time between CUDA events; each
 the median over repetitions, with min and max, after a warm-up (which captures the graphs).
@@ -27,13 +29,16 @@ from typing import Any
 import torch
 
 from kdtree_bench.profiling.spread import median_spread
-from kdtree_inference.ddtree.step_graphs import TreeStepGraphs
+from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, tree_search
 from kdtree_inference.ddtree.tree import accept_step, layout_from_nodes, search_nodes
 
 DEPTH, TOP_K, VOCAB = 15, 8, 4096
 
 
-ARMS = ("graphs", "eager")
+ARMS = ("graphs", "graphs_triton", "eager")
+"""``graphs``: the torch search and the walk as CUDA graphs, as the worker runs them by default;
+``graphs_triton``: the same with the search as one Triton kernel (``KDTREE_DDTREE_SEARCH=triton``);
+``eager``: the torch ops one by one."""
 
 
 def step_inputs(budget: int, batch: int) -> tuple[torch.Tensor, ...]:
@@ -55,18 +60,18 @@ def tree_step(budget: int, batch: int, prefix: int, arm: str) -> Callable[[], No
     roots, tokens, logprobs, predict, window = step_inputs(budget, batch)
     prefix_cpu = torch.full((batch,), prefix, dtype=torch.int64)
     prefix_lens = prefix_cpu.cuda()
-    graphs = TreeStepGraphs(budget)
+    graphs = TreeStepGraphs(budget, tree_search("triton" if arm == "graphs_triton" else "torch"))
 
     def step() -> None:
-        if arm == "graphs":
-            nodes = graphs.search(roots, tokens, logprobs)
-        else:
+        if arm == "eager":
             nodes = search_nodes(roots, tokens, logprobs, budget)
-        layout_from_nodes(nodes, prefix_lens, prefix_cpu)
-        if arm == "graphs":
-            graphs.accept(predict, window)
         else:
+            nodes = graphs.search(roots, tokens, logprobs)
+        layout_from_nodes(nodes, prefix_lens, prefix_cpu)
+        if arm == "eager":
             accept_step(nodes, predict, window)
+        else:
+            graphs.accept(predict, window)
 
     return step
 

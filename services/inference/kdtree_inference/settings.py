@@ -110,6 +110,12 @@ class InferenceSettings(EnvSettings):
         description="`--speculative-algorithm DDTREE`: candidates per depth of the draft tree "
         "(its node budget is SGLang's `--speculative-num-draft-tokens` minus 1)",
     )
+    ddtree_search: Annotated[Literal["torch", "triton"], Word] = Field(
+        "torch",
+        description="`--speculative-algorithm DDTREE`: how the draft tree is searched on the GPU, "
+        "`torch` (each depth's candidates sorted, batched ops) or `triton` (the best-first heap "
+        "as one kernel per request); both replay as CUDA graphs",
+    )
     sglang_launcher: str | None = Field(
         None,
         description="the command `kdtree-serve` execs (split like a shell), followed by its "

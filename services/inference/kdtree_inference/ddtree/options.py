@@ -1,4 +1,5 @@
-"""DDTree's knobs: the candidates per depth, and ``kdtree-serve``'s DDTree flags.
+"""DDTree's knobs: the candidates per depth, the tree search's implementation, and
+``kdtree-serve``'s DDTree flags.
 
 SGLang 0.5.23 has no DDTree flags of its own, and a plugin cannot add arguments to its parser, so
 the tree's size rides on SGLang's ``--speculative-num-draft-tokens`` (the verify width, budget + 1)
@@ -25,6 +26,14 @@ def ddtree_topk(env: Mapping[str, str]) -> int:
     from ..settings import InferenceSettings
 
     return InferenceSettings.from_env(env).ddtree_topk
+
+
+def ddtree_search(env: Mapping[str, str]) -> str:
+    """The tree search's implementation: ``KDTREE_DDTREE_SEARCH``
+    (``InferenceSettings.ddtree_search``), ``torch`` or ``triton``."""
+    from ..settings import InferenceSettings
+
+    return InferenceSettings.from_env(env).ddtree_search
 
 
 def _positive(raw: str, name: str) -> int:

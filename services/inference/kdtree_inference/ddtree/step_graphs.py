@@ -70,11 +70,30 @@ def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...], pool: tu
     return _Captured(graph, inputs, outputs)
 
 
-class TreeStepGraphs:
-    """The search and the acceptance walk of every batch size seen, as CUDA graphs."""
+SEARCHES: dict[str, Callable[..., TreeNodes]] = {"torch": search_nodes}
+"""The tree searches by ``KDTREE_DDTREE_SEARCH`` name (``triton``'s module imports Triton, so it
+joins on first use)."""
 
-    def __init__(self, budget: int) -> None:
+
+def tree_search(name: str) -> Callable[..., TreeNodes]:
+    """The search called ``name``: ``torch`` (``tree.search_nodes``) or ``triton``
+    (``heap_search.heap_search_nodes``)."""
+    if name == "triton" and name not in SEARCHES:
+        from .heap_search import heap_search_nodes
+
+        SEARCHES[name] = heap_search_nodes
+    if name not in SEARCHES:
+        raise ValueError(f"tree search {name!r}: choose torch or triton")
+    return SEARCHES[name]
+
+
+class TreeStepGraphs:
+    """The search and the acceptance walk of every batch size seen, as CUDA graphs. ``search``
+    is ``tree.search_nodes`` or another function of its contract (``tree_search``)."""
+
+    def __init__(self, budget: int, search: Callable[..., TreeNodes] = search_nodes) -> None:
         self.budget = int(budget)
+        self._search_nodes = search
         self._search: dict[int, _Captured] = {}
         self._accept: dict[int, _Captured] = {}
         self._pool: tuple | None = None  # the captures' shared pool, made by the first one
@@ -87,14 +106,14 @@ class TreeStepGraphs:
     def search(
         self, roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor
     ) -> TreeNodes:
-        """``search_nodes`` for ``[bs]`` roots and ``[bs, depth, k]`` top-k; the result lives in
+        """The search for ``[bs]`` roots and ``[bs, depth, k]`` top-k; the result lives in
         the graph's buffers until the next search, of any batch size."""
         bs = int(roots.shape[0])
         args = (roots.reshape(bs), top_tokens, top_logprobs)
         if bs not in self._search:
             logger.info("DDTREE: capturing the tree search for batch size %d", bs)
             self._search[bs] = self._capture(
-                lambda r, t, lp: search_nodes(r, t, lp, self.budget), args
+                lambda r, t, lp: self._search_nodes(r, t, lp, self.budget), args
             )
         return self._search[bs].run(*args)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .options import ddtree_topk
-from .step_graphs import TreeStepGraphs
+from .options import ddtree_search, ddtree_topk
+from .step_graphs import TreeStepGraphs, tree_search
 from .tree import head_top_k, layout_from_nodes
 
 logger = logging.getLogger("kdtree.ddtree")
@@ -106,13 +106,16 @@ def ddtree_worker_class() -> type:
             )
             self.speculative_num_draft_tokens = self.verify_width
             self._warned_sampling = False
-            self._tree_graphs = TreeStepGraphs(self.budget)
+            self.search = ddtree_search(os.environ)
+            self._tree_graphs = TreeStepGraphs(self.budget, tree_search(self.search))
             logger.info(
-                "kdtree DDTree worker: budget %d (verify width %d), draft block %d, top-%d",
+                "kdtree DDTree worker: budget %d (verify width %d), draft block %d, top-%d, "
+                "%s tree search",
                 self.budget,
                 self.verify_width,
                 self.block_size,
                 self.top_k,
+                self.search,
             )
 
         def _maybe_build_draft_sampler(self):
