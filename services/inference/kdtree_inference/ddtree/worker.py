@@ -223,19 +223,10 @@ def ddtree_worker_class() -> type:
             return values.view(bs, depth, -1), indices.view(bs, depth, -1)
 
         def _decode_tree(self, batch, on_publish):
-            draft_input = batch.spec_info
-            sampling_info = batch.sampling_info
-            if (
-                sampling_info is not None
-                and not sampling_info.is_all_greedy
-                and not self._warned_sampling
-            ):
-                logger.warning(
-                    "DDTREE verifies greedily; requests with temperature > 0 are served their "
-                    "greedy tokens"
-                )
-                self._warned_sampling = True
-            bs = len(batch.seq_lens)
+            """One decode step: the draft's tree, its verify, the accepted path committed. What
+            it reads of ``batch`` is taken here, before the verify prepares the batch anew."""
+            draft_input, sampling_info = batch.spec_info, batch.sampling_info
+            self._warn_sampling_once(sampling_info)
             width = self.verify_width
             prefix_lens = batch.seq_lens
             # The mask's row stride is prefix_len + W, read by the backend from the device's
@@ -251,9 +242,26 @@ def ddtree_worker_class() -> type:
                 draft_input.bonus_tokens.view(-1), top_tokens, top_logprobs
             )
             layout = layout_from_nodes(nodes, prefix_lens, prefix_cpu)
-
-            # --- verify the tree in one target forward
             plan = self._plan(batch, draft_input, prefix_lens, window)
+            target_out = self._verify(batch, sampling_info, layout, plan, window, prefix_cpu)
+            return self._commit(batch, target_out, plan, prefix_lens, window, on_publish)
+
+        def _warn_sampling_once(self, sampling_info) -> None:
+            if (
+                sampling_info is not None
+                and not sampling_info.is_all_greedy
+                and not self._warned_sampling
+            ):
+                logger.warning(
+                    "DDTREE verifies greedily; requests with temperature > 0 are served their "
+                    "greedy tokens"
+                )
+                self._warned_sampling = True
+
+        def _verify(self, batch, sampling_info, layout, plan, window, prefix_cpu):
+            """The tree's nodes in one target forward with its mask; the target's output, its
+            logits adjusted as DFlash's verify adjusts them."""
+            width = self.verify_width
             verify_input = DFlashVerifyInput(
                 # A copy: the tree's buffers are the graph's, rewritten by the next step.
                 draft_token=layout.tokens.reshape(-1).clone(),
@@ -287,6 +295,13 @@ def ddtree_worker_class() -> type:
                     sampling_info=sampling_info,
                     draft_token_num=width,
                 )
+            return target_out
+
+        def _commit(self, batch, target_out, plan, prefix_lens, window, on_publish):
+            """Walk the tree along the target's greedy tokens, keep the accepted path's KV in
+            the target's and the draft's caches, and hand SGLang the step's result."""
+            bs, width = len(prefix_lens), self.verify_width
+            logits_output = target_out.logits_output
             predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
             accepted = self._tree_graphs.accept(predict, window)
             acceptance, rows = accepted.acceptance, accepted.rows
