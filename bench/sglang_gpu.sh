@@ -21,6 +21,9 @@
 #                off vs on, batch 1/8, 1k/8k/32k prompts; the GPU's clocks, power and throttle
 #                reasons every 200 ms beside it (speed/gpu_clocks.csv), lined up with each timed
 #                repetition by bench/kdtree_bench/profiling/step_clocks.py (step_clocks.md)
+#   tree         DDTree's tree step: tests/gpu/test_ddtree_tree_gpu.py, then
+#                bench/kdtree_bench/profiling/ddtree_tree_bench.py (TREE_BENCH_ARGS, default budgets
+#                8-64, batch 1 and 8, --memory 32), both under $OUT/tree (one archive)
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kdtree_bench/kernel/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
@@ -174,6 +177,17 @@ run_phase() {
       if [ -f "$OUT/speed/host_samples/host_samples.md" ]; then
         cp "$OUT/speed/host_samples/host_samples.md" "$OUT/"
       fi ;;
+    tree)
+      # DDTree's tree step on this GPU: its tests (both searches, the graphs, no sync), then the
+      # tree bench (graphs with torch's search or the Triton heap kernel, against eager).
+      mkdir -p "$OUT/tree"
+      timeout "${TREE_TIMEOUT:-150}" python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" \
+        tests/gpu/test_ddtree_tree_gpu.py >"$OUT/tree/tests.log" 2>&1 || true
+      tail -3 "$OUT/tree/tests.log"
+      # shellcheck disable=SC2086
+      timeout "${TREE_BENCH_TIMEOUT:-200}" python3 -m kdtree_bench.profiling.ddtree_tree_bench \
+        ${TREE_BENCH_ARGS:---budgets 8,16,32,64 --batches 1,8 --memory 32} \
+        --out "$OUT/tree/ddtree_tree.json" 2>&1 | tee "$OUT/tree/bench.log" || true ;;
     kernel-fp8)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
