@@ -1,13 +1,14 @@
 """DDTree's best-first tree search as one Triton kernel: ``tree.build_tree``'s heap, per request.
 
 ``tree.best_first_nodes`` finds the same trees with batched torch ops: a stable sort of every
-depth's candidates, fifteen or so sorts a step, each several kernels. On the GPU the step is
-then bound by those sorts (0.57 ms at budget 16 and 0.88 ms at 64 on an H100, replayed as a CUDA
-graph). Here one program per request runs the search of ``build_tree`` itself: ``budget`` pops
-of a frontier of at most ``budget + 1`` candidates held in registers, each a max and a min over
-it, each pop pushing the node's first child and its next sibling. Scores are float64 sums of the
-float32 log-probabilities, and ties go to the candidate found first, as in ``build_tree``, so the
-trees are ``build_tree``'s bit for bit, ties included (``best_first_nodes`` orders tied paths
+depth's candidates, fifteen or so sorts a step, each several kernels. Replayed as CUDA graphs,
+the whole tree stretch (search, layout, walk) took 0.57 ms of GPU time at budget 16 and 0.88 ms
+at 64 on an H100 (e2e 46); how much of it the sorts take is not profiled yet. Here one program
+per request runs the search of ``build_tree`` itself: ``budget`` pops of a frontier of at most
+``budget + 1`` candidates held in registers, each a max and a min over it, each pop pushing the
+node's first child and its next sibling. Scores are float64 sums of the float32
+log-probabilities, and ties go to the candidate found first, as in ``build_tree``, so the trees
+are ``build_tree``'s bit for bit, ties included (``best_first_nodes`` orders tied paths
 differently: the trees hold the same paths wherever no two scores tie).
 
 The kernel is plain Triton (no architecture-specific instruction), captured in CUDA graphs like
