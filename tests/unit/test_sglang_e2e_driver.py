@@ -711,8 +711,13 @@ def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_ord
     first_shape = [(widths[c.split()[0]], int(c.split()[1])) for c in calls[:12]]
     assert [new for _, new in first_shape] == [1, 4] * 3 + [12] * 6
     assert [server for server, _ in first_shape[6:]] == [
-        "b8", "b64", "dflash", "dflash", "b64", "b8",
-    ]  # fmt: skip
+        "b8",
+        "b64",
+        "dflash",
+        "dflash",
+        "b64",
+        "b8",
+    ]
     assert sorted(f.name for f in out.glob("metrics_*.txt")) == [
         "metrics_speed_off_ddtree_b64.txt",
         "metrics_speed_off_ddtree_b8.txt",

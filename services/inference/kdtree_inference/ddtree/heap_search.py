@@ -29,6 +29,43 @@ _EMPTY = tl.constexpr(1 << 30)  # a free frontier slot's discovery order: after 
 
 
 @triton.jit
+def _pick(values, at):
+    """The element of ``values`` where ``at`` holds (one lane): a select among registers."""
+    return tl.sum(tl.where(at, values, 0), axis=0)
+
+
+@triton.jit
+def _push(
+    f_score,
+    f_order,
+    f_parent,
+    f_level,
+    f_rank,
+    order,
+    FRONTIER: tl.constexpr,
+    wanted,
+    score,
+    parent,
+    level,
+    rank,
+):
+    """The frontier with a candidate in its first free slot where ``wanted``, found after every
+    candidate before it (``order`` + 1); and the discovery order so far."""
+    slots = tl.arange(0, FRONTIER)
+    free = tl.min(tl.where(f_order < _EMPTY, FRONTIER, slots), axis=0)
+    into = (slots == free) & wanted
+    order += wanted.to(tl.int32)
+    return (
+        tl.where(into, score, f_score),
+        tl.where(into, order, f_order),
+        tl.where(into, parent, f_parent),
+        tl.where(into, level, f_level),
+        tl.where(into, rank, f_rank),
+        order,
+    )
+
+
+@triton.jit
 def _best_first_kernel(
     roots_ptr,
     top_tokens_ptr,
@@ -79,7 +116,7 @@ def _best_first_kernel(
     # The frontier: a candidate's score, discovery order, parent node, depth and rank. Its
     # first candidate is the root's first child, at order 0.
     first = slots == 0
-    f_score = tl.where(first, tl.sum(tl.where(cells == 0, all_logprobs, 0.0), axis=0), neg_inf)
+    f_score = tl.where(first, _pick(all_logprobs, cells == 0), neg_inf)
     f_order = tl.where(first, 0, _EMPTY)
     f_parent = tl.zeros([FRONTIER], dtype=tl.int32)
     f_level = tl.where(first, 1, 0)
@@ -92,10 +129,10 @@ def _best_first_kernel(
         best = tl.max(tl.where(used, f_score, neg_inf), axis=0)
         pick = tl.min(tl.where(used & (f_score == best), f_order, _EMPTY), axis=0)
         popped = f_order == pick
-        parent = tl.sum(tl.where(popped, f_parent, 0), axis=0)
-        level = tl.sum(tl.where(popped, f_level, 0), axis=0)
-        rank = tl.sum(tl.where(popped, f_rank, 0), axis=0)
-        token = tl.sum(tl.where(cells == (level - 1) * top_k + rank, all_tokens, 0), axis=0)
+        parent = _pick(f_parent, popped)
+        level = _pick(f_level, popped)
+        rank = _pick(f_rank, popped)
+        token = _pick(all_tokens, cells == (level - 1) * top_k + rank)
         tl.store(tokens_ptr + b * width + node, token)
         tl.store(parents_ptr + b * width + node, parent.to(tl.int64))
         tl.store(depths_ptr + b * width + node, level.to(tl.int64))
@@ -103,31 +140,38 @@ def _best_first_kernel(
         node_scores = tl.where(node_ids == node, best, node_scores)
         f_order = tl.where(popped, _EMPTY, f_order)
 
-        # Its first child, one depth down.
-        has_child = level < depth
-        child_lp = tl.sum(tl.where(cells == level * top_k, all_logprobs, 0.0), axis=0)
-        free = tl.min(tl.where(f_order < _EMPTY, FRONTIER, slots), axis=0)
-        into = (slots == free) & has_child
-        order += has_child.to(tl.int32)
-        f_score = tl.where(into, best + child_lp, f_score)
-        f_order = tl.where(into, order, f_order)
-        f_parent = tl.where(into, node, f_parent)
-        f_level = tl.where(into, level + 1, f_level)
-        f_rank = tl.where(into, 0, f_rank)
-
-        # Its next sibling, the same parent's next rank.
-        has_sibling = rank + 1 < top_k
-        sibling = (level - 1) * top_k + rank + 1
-        sibling_lp = tl.sum(tl.where(cells == sibling, all_logprobs, 0.0), axis=0)
-        parent_score = tl.sum(tl.where(node_ids == parent, node_scores, 0.0), axis=0)
-        free = tl.min(tl.where(f_order < _EMPTY, FRONTIER, slots), axis=0)
-        into = (slots == free) & has_sibling
-        order += has_sibling.to(tl.int32)
-        f_score = tl.where(into, parent_score + sibling_lp, f_score)
-        f_order = tl.where(into, order, f_order)
-        f_parent = tl.where(into, parent, f_parent)
-        f_level = tl.where(into, level, f_level)
-        f_rank = tl.where(into, rank + 1, f_rank)
+        # Its first child, one depth down; then its next sibling, the same parent's next rank.
+        child_lp = _pick(all_logprobs, cells == level * top_k)
+        f_score, f_order, f_parent, f_level, f_rank, order = _push(
+            f_score,
+            f_order,
+            f_parent,
+            f_level,
+            f_rank,
+            order,
+            FRONTIER,
+            level < depth,
+            best + child_lp,
+            node,
+            level + 1,
+            0,
+        )
+        sibling_lp = _pick(all_logprobs, cells == (level - 1) * top_k + rank + 1)
+        parent_score = _pick(node_scores, node_ids == parent)
+        f_score, f_order, f_parent, f_level, f_rank, order = _push(
+            f_score,
+            f_order,
+            f_parent,
+            f_level,
+            f_rank,
+            order,
+            FRONTIER,
+            rank + 1 < top_k,
+            parent_score + sibling_lp,
+            parent,
+            level,
+            rank + 1,
+        )
 
 
 def best_first_heap(
