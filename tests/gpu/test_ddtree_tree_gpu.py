@@ -10,12 +10,13 @@ from kdtree_inference.ddtree.step_graphs import TreeStepGraphs, tree_search
 from kdtree_inference.ddtree.tree import (
     accept_step,
     best_first_nodes,
-    build_tree,
+    build_trees,
     layout_from_nodes,
     tree_nodes,
 )
 
 SEARCHES = ["torch", "triton"]
+FIELDS = ("tokens", "parents", "depths", "scores")  # what the batched searches return
 
 DEPTH, TOP_K = 15, 8  # DFlash's block of 16 and the default top-k
 
@@ -54,15 +55,10 @@ def test_the_heap_kernel_makes_build_trees_trees_on_the_gpu(ties):
     if ties:
         logprobs = logprobs.round()  # a few distinct values: equal path scores are common
     for budget in (1, 8, 16, 33, 64):
-        got = [
-            t.cpu() for t in best_first_heap(roots.cuda(), tokens.cuda(), logprobs.cuda(), budget)
-        ]
-        for i in range(8):
-            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
-            assert got[0][i].tolist() == tree.tokens.tolist(), (budget, i)
-            assert got[1][i, 1:].tolist() == tree.parents[1:].tolist(), (budget, i)
-            assert got[2][i].tolist() == tree.depths.tolist(), (budget, i)
-            assert got[3][i].tolist() == tree.scores.tolist(), (budget, i)
+        got = best_first_heap(roots.cuda(), tokens.cuda(), logprobs.cuda(), budget)
+        expected = build_trees(roots, tokens, logprobs, budget)
+        for field, mine, reference in zip(FIELDS, got, expected, strict=True):
+            assert mine.cpu().tolist() == reference.tolist(), (budget, field)
 
 
 def deep_predictions(nodes, seed: int) -> torch.Tensor:

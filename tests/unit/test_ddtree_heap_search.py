@@ -13,8 +13,11 @@ import torch
 from kdtree_inference.ddtree.heap_search import best_first_heap, heap_search_nodes
 from kdtree_inference.ddtree.options import ddtree_search
 from kdtree_inference.ddtree.step_graphs import tree_search
-from kdtree_inference.ddtree.tree import build_tree, max_tree_nodes, search_nodes
+from kdtree_inference.ddtree.tree import build_trees, max_tree_nodes, search_nodes
 from kdtree_inference.settings import SettingsError
+
+FIELDS = ("tokens", "parents", "depths", "scores")
+"""What ``best_first_heap`` returns, in order."""
 
 
 def batch_of_drafts(seed: int, batch: int, depth: int, top_k: int, ties: bool):
@@ -47,12 +50,9 @@ def test_the_kernel_makes_build_trees_trees(depth, top_k, ties):
     budgets = [b for b in (1, 2, 5, 16, 33, 64) if b <= max_tree_nodes(depth, top_k)]
     for budget in budgets:
         got = best_first_heap(roots, tokens, logprobs, budget)
-        for i in range(3):
-            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
-            assert got[0][i].tolist() == tree.tokens.tolist(), (budget, i)
-            assert got[1][i].tolist() == np.maximum(tree.parents, 0).tolist(), (budget, i)
-            assert got[2][i].tolist() == tree.depths.tolist(), (budget, i)
-            assert got[3][i].tolist() == tree.scores.tolist(), (budget, i)
+        expected = build_trees(roots, tokens, logprobs, budget)
+        for field, mine, reference in zip(FIELDS, got, expected, strict=True):
+            assert mine.tolist() == reference.tolist(), (budget, field)
 
 
 def test_the_kernels_trees_are_search_nodes_trees_where_no_scores_tie():

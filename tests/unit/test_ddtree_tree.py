@@ -13,6 +13,7 @@ from kdtree_inference.ddtree.tree import (
     accept_greedy,
     best_first_nodes,
     build_tree,
+    build_trees,
     head_top_k,
     layout_from_nodes,
     max_tree_nodes,
@@ -42,6 +43,9 @@ def brute_force_scores(logprobs):
     ]
     return sorted(scores, reverse=True)
 
+
+FIELDS = ("tokens", "parents", "depths", "scores")
+"""What the batched searches return, in order."""
 
 CASES = [(depth, top_k) for depth in (1, 2, 3, 4) for top_k in (1, 2, 3, 4)] + [(6, 2), (5, 3)]
 
@@ -133,12 +137,9 @@ def test_the_batched_builder_makes_build_trees_trees(depth, top_k):
     roots, tokens, logprobs = _batched(rng, 3, depth, top_k)
     for budget in [b for b in (0, 1, 2, 5, 16, 33, 64) if b <= max_tree_nodes(depth, top_k)]:
         got = best_first_nodes(roots, tokens, logprobs, budget)
-        for i in range(3):
-            tree = build_tree(int(roots[i]), tokens[i].numpy(), logprobs[i].numpy(), budget)
-            assert got[0][i].tolist() == tree.tokens.tolist(), (budget, i)
-            assert got[1][i].tolist() == np.maximum(tree.parents, 0).tolist(), (budget, i)
-            assert got[2][i].tolist() == tree.depths.tolist(), (budget, i)
-            assert got[3][i].tolist() == tree.scores.tolist(), (budget, i)
+        expected = build_trees(roots, tokens, logprobs, budget)
+        for field, mine, reference in zip(FIELDS, got, expected, strict=True):
+            assert mine.tolist() == reference.tolist(), (budget, field)
 
 
 @pytest.mark.parametrize(("depth", "top_k"), [(3, 3), (4, 4), (6, 2)])

@@ -112,6 +112,27 @@ def build_tree(
     )
 
 
+def build_trees(
+    roots: torch.Tensor, top_tokens: torch.Tensor, top_logprobs: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``build_tree`` for each request of a batch, stacked as the batched searches return their
+    trees (``best_first_nodes``, ``heap_search.best_first_heap``): ``(tokens, parents, depths,
+    scores)``, each ``[bs, budget + 1]`` on the CPU, the root its own parent. The reference they
+    are tested against."""
+    trees = [
+        build_tree(int(root), tokens.numpy(), logprobs.numpy(), budget)
+        for root, tokens, logprobs in zip(
+            roots.cpu(), top_tokens.cpu(), top_logprobs.cpu(), strict=True
+        )
+    ]
+    return (
+        torch.from_numpy(np.stack([t.tokens for t in trees])),
+        torch.from_numpy(np.stack([np.maximum(t.parents, 0) for t in trees])),
+        torch.from_numpy(np.stack([t.depths for t in trees])),
+        torch.from_numpy(np.stack([t.scores for t in trees])),
+    )
+
+
 def head_top_k(
     hidden: torch.Tensor, weight: torch.Tensor, *, vocab: int, top_k: int, chunk_rows: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
