@@ -142,6 +142,20 @@ LONG_BATCH = (17, 40, 64, 96, 128, 200, 333, 45000)
 # the target's and draft's 163,840-token embeddings and heads being most of it).
 KIMI_RANK_FAMILY_GIB = 120
 
+
+def _ddtree_validate_only(preset: str, budget: int, **more) -> E2EConfig:
+    """DDTree at ``budget`` on ``preset``, checked for validate == off alone (four servers at
+    0.2, no gate), graphs and eager, on the batch that reaches 45k tokens."""
+    return E2EConfig(
+        preset,
+        {"speculation": "ddtree", "budget": budget},
+        mem_fraction=0.2,
+        gate=False,
+        batch_lengths=LONG_BATCH,
+        **more,
+    )
+
+
 CONFIGS = {
     "eagle": E2EConfig("tiny", {}, chain_pair=True, floor={"speculation": "chain"}),
     "eagle-fp8": E2EConfig("tiny", {"kv_dtype": "fp8_e4m3"}, floor={"speculation": "chain"}),
@@ -162,31 +176,11 @@ CONFIGS = {
         mem_fraction=0.09,
         floor={"speculation": "chain"},
     ),
-    # DDTree on the rank model (DeepSeek-V3's attention) at budgets 16 and 64, one batch reaching
-    # 45k tokens beside short rows: validate == off, graphs and eager.
-    "ddtree-rank": E2EConfig(
-        "rank",
-        {"speculation": "ddtree", "budget": 16},
-        mem_fraction=0.2,
-        gate=False,
-        batch_lengths=LONG_BATCH,
-    ),
-    "ddtree-rank-64": E2EConfig(
-        "rank",
-        {"speculation": "ddtree", "budget": 64},
-        mem_fraction=0.2,
-        gate=False,
-        batch_lengths=LONG_BATCH,
-    ),
-    # The same on Kimi K2's rank at budget 16 (its gate runs at budget 64, below).
-    "ddtree-kimi-16": E2EConfig(
-        "kimi-rank",
-        {"speculation": "ddtree", "budget": 16},
-        mem_fraction=0.2,
-        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
-        gate=False,
-        batch_lengths=LONG_BATCH,
-    ),
+    # DDTree on the rank model (DeepSeek-V3's attention) at budgets 16 and 64, and on Kimi K2's
+    # rank at 16 (its gate runs at 64, below): validate == off on the 45k batch.
+    "ddtree-rank": _ddtree_validate_only("rank", 16),
+    "ddtree-rank-64": _ddtree_validate_only("rank", 64),
+    "ddtree-kimi-16": _ddtree_validate_only("kimi-rank", 16, min_gpu_gib=KIMI_RANK_FAMILY_GIB),
     # DDTree on Kimi K2's rank at budget 64, one batch reaching 45k tokens beside short rows.
     "ddtree-kimi": E2EConfig(
         "kimi-rank",

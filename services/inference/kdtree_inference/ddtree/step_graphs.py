@@ -70,21 +70,16 @@ def _capture(fn: Callable[..., object], args: tuple[torch.Tensor, ...], pool: tu
     return _Captured(graph, inputs, outputs)
 
 
-SEARCHES: dict[str, Callable[..., TreeNodes]] = {"torch": search_nodes}
-"""The tree searches by ``KDTREE_DDTREE_SEARCH`` name (``triton``'s module imports Triton, so it
-joins on first use)."""
-
-
 def tree_search(name: str) -> Callable[..., TreeNodes]:
-    """The search called ``name``: ``torch`` (``tree.search_nodes``) or ``triton``
-    (``heap_search.heap_search_nodes``)."""
-    if name == "triton" and name not in SEARCHES:
+    """The search called ``name`` (``KDTREE_DDTREE_SEARCH``): ``torch`` (``tree.search_nodes``)
+    or ``triton`` (``heap_search.heap_search_nodes``, whose module imports Triton)."""
+    if name == "torch":
+        return search_nodes
+    if name == "triton":
         from .heap_search import heap_search_nodes
 
-        SEARCHES[name] = heap_search_nodes
-    if name not in SEARCHES:
-        raise ValueError(f"tree search {name!r}: choose torch or triton")
-    return SEARCHES[name]
+        return heap_search_nodes
+    raise ValueError(f"tree search {name!r}: choose torch or triton")
 
 
 class TreeStepGraphs:
