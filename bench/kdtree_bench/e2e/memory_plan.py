@@ -138,8 +138,10 @@ def kv_bytes_per_token(row: Row) -> int:
 
 
 def second_room_gib(weights_gib: float, fraction: float) -> float:
-    """What the second of two servers at ``fraction`` has for graphs, activations and KV."""
-    return FREE_AT_START_GIB * fraction * (1 - fraction) - weights_gib
+    """What the second of two servers at ``fraction`` has for graphs, activations and KV (the
+    first one's graphs and activations are in the reserve, not subtracted here)."""
+    second = group_static_gib(FREE_AT_START_GIB, fraction, 2, overhead_gib=0.0)[-1]
+    return second - weights_gib
 
 
 def reserve_gib() -> float:
