@@ -74,9 +74,9 @@ def test_the_kernel_refuses_what_it_cannot_search():
 
 
 def test_the_search_is_picked_by_its_setting():
-    assert ddtree_search({}) == "torch"
-    assert tree_search(ddtree_search({"KDTREE_DDTREE_SEARCH": "Triton"})) is heap_search_nodes
-    assert tree_search("torch") is search_nodes
+    assert ddtree_search({}) == "triton"
+    assert tree_search(ddtree_search({})) is heap_search_nodes
+    assert tree_search(ddtree_search({"KDTREE_DDTREE_SEARCH": "Torch"})) is search_nodes
     with pytest.raises(SettingsError, match="KDTREE_DDTREE_SEARCH"):
         ddtree_search({"KDTREE_DDTREE_SEARCH": "cuda"})
     with pytest.raises(ValueError, match="tree search 'cuda': choose torch or triton"):

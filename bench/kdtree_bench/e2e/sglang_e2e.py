@@ -93,11 +93,11 @@ MODES = {
     "on_draft_triton": ("on", {"KDTREE_DRAFT_EXTEND": "off"}),
     # on with the kernel's exact fp8 mode (an fp8 KV cache): what SGLang's roundings cost.
     "on_fp16": ("on", {"KDTREE_FP8_NUMERICS": "fp16"}),
-    # on with DDTree's tree searched by one Triton kernel per request instead of torch's sorts.
-    "on_triton_search": ("on", {"KDTREE_DDTREE_SEARCH": "triton"}),
+    # on with DDTree's tree searched by torch's sorts instead of the Triton heap kernel.
+    "on_torch_search": ("on", {"KDTREE_DDTREE_SEARCH": "torch"}),
 }
 DEFAULT_MODES = ("off", "on", "on_draft_triton")
-"""--modes when not given; on_fp16 and on_triton_search only where asked for (they need an fp8 KV
+"""--modes when not given; on_fp16 and on_torch_search only where asked for (they need an fp8 KV
 cache or DDTree to differ)."""
 SPECS = ("eagle", "dflash", "ddtree")
 """The speculative algorithms a speed run can serve (``--spec``)."""

@@ -111,10 +111,10 @@ class InferenceSettings(EnvSettings):
         "(its node budget is SGLang's `--speculative-num-draft-tokens` minus 1)",
     )
     ddtree_search: Annotated[Literal["torch", "triton"], Word] = Field(
-        "torch",
+        "triton",
         description="`--speculative-algorithm DDTREE`: how the draft tree is searched on the GPU, "
-        "`torch` (each depth's candidates sorted, batched ops) or `triton` (the best-first heap "
-        "as one kernel per request); both replay as CUDA graphs",
+        "`triton` (the best-first heap as one kernel per request) or `torch` (each depth's "
+        "candidates sorted, batched ops; ties broken otherwise); both replay as CUDA graphs",
     )
     sglang_launcher: str | None = Field(
         None,
