@@ -183,10 +183,6 @@ def main() -> int:
                     flush=True,
                 )
     memory = []
-    if args.memory:
-        # A process's first measurement held 128 MiB more than any later one (e2e 47: 132 MiB
-        # shared at budget 8, 4 MiB at 16): one discarded measurement takes what a first one keeps.
-        graph_memory(budgets[0], 2, shared=True)
     for budget in budgets if args.memory else ():
         for shared in (True, False):
             memory.append(graph_memory(budget, args.memory, shared))
