@@ -24,6 +24,9 @@
 #   tree         DDTree's tree step: tests/gpu/test_ddtree_tree_gpu.py, then
 #                bench/kdtree_bench/profiling/ddtree_tree_bench.py (TREE_BENCH_ARGS, default budgets
 #                8-64, batch 1 and 8, --memory 32), both under $OUT/tree (one archive)
+#   kernel-bench bench/kdtree_bench/kernel/kernel_bench.py with KERNEL_BENCH_ARGS (e.g. --shapes
+#                1x16x9x32768,1x16x65x32768 --kdtree-only: the kernel at DDTree's widths), its
+#                table as kernel_bench.log, its record as kernel_bench.json
 #   kernel-fp8   the FP8 kernel GPU tests (tests/gpu: test_kernel.py -k fp8, test_backend_fp8_gpu.py)
 #   fp8-bench    memcheck over the fp8 sanitizer cases, then bench/kdtree_bench/kernel/kernel_bench.py --kv-dtype fp8
 #                (fp8 pool vs bf16 pool vs SGLang's Triton fp8 path, from the payload's sglang)
@@ -188,6 +191,10 @@ run_phase() {
       timeout "${TREE_BENCH_TIMEOUT:-200}" python3 -m kdtree_bench.profiling.ddtree_tree_bench \
         ${TREE_BENCH_ARGS:---budgets 8,16,32,64 --batches 1,8 --memory 32} \
         --out "$OUT/tree/ddtree_tree.json" 2>&1 | tee "$OUT/tree/bench.log" || true ;;
+    kernel-bench)
+      # shellcheck disable=SC2086
+      timeout "${KERNEL_BENCH_TIMEOUT:-300}" python3 -m kdtree_bench.kernel.kernel_bench ${KERNEL_BENCH_ARGS:-} \
+        --out "$OUT/kernel_bench.json" 2>&1 | tee "$OUT/kernel_bench.log" || true ;;
     kernel-fp8)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -k fp8 tests/gpu/test_kernel.py \
         tests/gpu/test_backend_fp8_gpu.py 2>&1 | tee "$OUT/kernel-fp8.log" || true ;;
