@@ -399,7 +399,13 @@ if not marker.exists():  # the first start of each server fails, as a memory pro
 time.sleep(1.0)
 """
 POOLS_START = """
-time.sleep(1.0)
+time.sleep(0.2)  # the imports
+if os.environ.get("KDTREE_START_GATE"):  # where the plugin holds SGLang's scheduler
+    from kdtree_inference.sglang.start_gate import hold_until_open
+
+    hold_until_open(pathlib.Path(os.environ["KDTREE_START_GATE"]), 60)
+    note("gate")
+time.sleep(1.0)  # the memory profile, the weights, the pools
 if os.environ.get("POOLS_LINE"):  # as SGLang 0.5.23 logs it, then its graphs take a while
     note("pools")
     print("[2026-12-04 15:45:33] Memory pool end. avail mem=117.65 GB", flush=True)
@@ -456,12 +462,13 @@ def test_failed_starts_are_retried_one_at_a_time_after_the_wave(tmp_path, monkey
         "",
     ],
 )
-def test_each_start_waits_for_the_memory_pools_of_the_one_before(
+def test_each_start_gate_opens_once_the_one_before_holds_its_memory_pools(
     tmp_path, monkeypatch, capsys, pools_line
 ) -> None:
-    """Stand-in servers that log SGLang's line after their pools (a graph capture, or eager's
-    scheduler summary) and answer 5 s later: the next start waits for the line, not for the
-    server to answer. A log that never shows it holds the next start only ``pools_wait_s``."""
+    """Stand-in servers that wait at their start gate as the plugin holds SGLang's scheduler, log
+    SGLang's line after their pools (a graph capture, or eager's scheduler summary) and answer 5 s
+    later: both start at once, and b's gate opens on a's line, not once a answers. A log that
+    never shows it holds b's gate only ``pools_wait_s``."""
     from kdtree_bench.e2e.sglang_servers import start_all, stop_all
 
     specs = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools_line)
@@ -472,15 +479,18 @@ def test_each_start_waits_for_the_memory_pools_of_the_one_before(
     try:
         assert failed == {} and sorted(servers) == ["a", "b"]
         timeline = timeline_of(tmp_path)
+        # Both start (their imports) before either measures memory.
+        assert sorted(timeline[:2]) == ["start a", "start b"]
+        b_log = (tmp_path / "logs" / "server_b.log").read_text()
         if pools_line:
-            # b starts after a's pools, and before a answers (its graphs would still capture).
-            assert timeline[:2] == ["start a", "pools a"]
-            assert timeline.index("start b") > timeline.index("pools a")
+            assert timeline.index("gate a") < timeline.index("pools a") < timeline.index("gate b")
+            assert "waiting for the start gate" in b_log
         else:
-            assert "a: no sign of its memory pools after 1 s; starting b anyway" in (
+            assert "a: no sign of its memory pools after 1 s; opening b's start gate anyway" in (
                 capsys.readouterr().out
             )
-        assert timeline.index("start b") < timeline.index("serve a")
+        assert timeline.index("gate b") < timeline.index("serve a")
+        assert "logs/gates/b opened after" in b_log
     finally:
         stop_all(servers)
 

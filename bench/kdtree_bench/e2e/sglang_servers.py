@@ -281,10 +281,15 @@ def kdtree_serve() -> str:
 
 
 class SGLangServer:
-    """A running ``kdtree-serve`` for one :class:`ServerSpec`; its log is ``log_path``."""
+    """A running ``kdtree-serve`` for one :class:`ServerSpec`; its log is ``log_path``. With a
+    ``gate`` its scheduler waits for that file before it touches the GPU (``KDTREE_START_GATE``,
+    ``kdtree_inference.sglang.start_gate``): ``open_gate`` lets it on."""
 
-    def __init__(self, spec: ServerSpec, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, spec: ServerSpec, log_dir: Path, port: int | None = None, gate: Path | None = None
+    ) -> None:
         self.spec = spec
+        self.gate = gate
         self.port = port or free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log_path = log_dir / f"server_{spec.name}.log"
@@ -295,6 +300,7 @@ class SGLangServer:
             **(TP_ENV if spec.tp > 1 else {}),
             **spec.env,
             "KDTREE_VERIFY": spec.mode,
+            **({"KDTREE_START_GATE": str(gate)} if gate else {}),
         }
         with self.log_path.open("wb") as log:
             log.write(f"$ KDTREE_VERIFY={spec.mode} {' '.join(self.command)}\n".encode())
@@ -308,6 +314,11 @@ class SGLangServer:
             )
         self.started = time.monotonic()
         self.ready_after_s: float | None = None
+
+    def open_gate(self) -> None:
+        """Let the scheduler on to its memory measurement (nothing without a gate)."""
+        if self.gate is not None:
+            self.gate.touch()
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -390,34 +401,50 @@ def start_all(
     process allocated in the meantime, so starts are ``stagger_s`` apart, at most ``wave``
     servers start together (0: all; the next wave starts once the previous one is ready), and a
     server that fails is started again (``retries`` times) once its wave has settled, one
-    retried server at a time. With ``pools_wait_s`` each start in a wave also waits, up to that
-    long, for the server before it to hold its memory pools (``SGLangServer.wait_pools``): the
-    starts still overlap their imports, weight loads and graph captures, but no memory profile
-    races another server's pool. Returns the healthy servers and, by name, why each other one
-    failed (that one is stopped).
+    retried server at a time. With ``pools_wait_s`` the servers of a wave also take turns at
+    that profile: each starts with a start gate (``SGLangServer``), so that its imports overlap
+    the others' while its scheduler waits before touching the GPU, and each gate opens once the
+    server before holds its memory pools (``SGLangServer.wait_pools``), or after ``pools_wait_s``
+    at most. Returns the healthy servers and, by name, why each other one failed (that one is
+    stopped).
     """
     servers: dict[str, SGLangServer] = {}
     failed: dict[str, str] = {}
     size = wave or len(specs)
+    gates = log_dir / "gates"
     try:
         for first in range(0, len(specs), size):
             group = specs[first : first + size]
-            for index, spec in enumerate(group):
-                if index and pools_wait_s > 0:
-                    before = servers[group[index - 1].name]
-                    if not before.wait_pools(pools_wait_s):
-                        print(
-                            f"[e2e] {before.spec.name}: no sign of its memory pools after "
-                            f"{pools_wait_s:.0f} s; starting {spec.name} anyway",
-                            flush=True,
-                        )
-                servers[spec.name] = SGLangServer(spec, log_dir)
+            for spec in group:
+                gate = None
+                if pools_wait_s > 0:
+                    gates.mkdir(parents=True, exist_ok=True)
+                    gate = gates / spec.name
+                    gate.unlink(missing_ok=True)  # an earlier run's, which would let it on at once
+                servers[spec.name] = SGLangServer(spec, log_dir, gate=gate)
                 time.sleep(stagger_s)
+            if pools_wait_s > 0:
+                _open_gates_in_turn([servers[spec.name] for spec in group], pools_wait_s)
             _wait_group(servers, [s.name for s in group], log_dir, timeout_s, retries, failed)
     except BaseException:
         stop_all(servers)
         raise
     return servers, failed
+
+
+def _open_gates_in_turn(group: list[SGLangServer], pools_wait_s: float) -> None:
+    """The first server's start gate at once; each next one's once the server before holds its
+    memory pools, answers or exited, or after ``pools_wait_s``."""
+    for index, server in enumerate(group):
+        if index:
+            before = group[index - 1]
+            if not before.wait_pools(pools_wait_s):
+                print(
+                    f"[e2e] {before.spec.name}: no sign of its memory pools after "
+                    f"{pools_wait_s:.0f} s; opening {server.spec.name}'s start gate anyway",
+                    flush=True,
+                )
+        server.open_gate()
 
 
 def _wait_group(

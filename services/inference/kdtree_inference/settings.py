@@ -10,6 +10,7 @@ values are refused with :class:`SettingsError`, one line per variable, each nami
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import kdtree_settings
@@ -120,6 +121,18 @@ class InferenceSettings(EnvSettings):
         None,
         description="the command `kdtree-serve` execs (split like a shell), followed by its "
         "arguments; unset: `python -m sglang.launch_server` of this interpreter",
+    )
+    start_gate: Path | None = Field(
+        None,
+        description="a file: each SGLang scheduler process waits, after its imports and before "
+        "its first CUDA call, until it exists, so that servers sharing a GPU can start together "
+        "and still measure their memory in turn (the speed harness opens each gate once the "
+        "server before holds its pools); unset: no wait",
+    )
+    start_gate_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="seconds a scheduler waits for `KDTREE_START_GATE` before it starts anyway",
     )
     engine_weights: str | None = Field(
         None,

@@ -27,7 +27,10 @@ The entry point is declared in services/inference/pyproject.toml:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
+
+from . import start_gate
 
 logger = logging.getLogger("kdtree.verify")
 
@@ -95,7 +98,9 @@ def _register_dflash_causal_verify() -> None:
 
 def register() -> None:
     """Replace the "triton" attention backend factories with ours (idempotent), and register
-    ``--speculative-algorithm DDTREE``."""
+    ``--speculative-algorithm DDTREE``. In a scheduler's start with ``KDTREE_START_GATE`` set,
+    first wait for that gate (``start_gate``)."""
+    start_gate.hold_scheduler(os.environ)
     _register_draft_extend()
     _register_dflash_causal_verify()
     from ..ddtree import algorithm as ddtree
