@@ -98,9 +98,13 @@ def _register_dflash_causal_verify() -> None:
 
 def register() -> None:
     """Replace the "triton" attention backend factories with ours (idempotent), and register
-    ``--speculative-algorithm DDTREE``. In a scheduler's start with ``KDTREE_START_GATE`` set,
-    first wait for that gate (``start_gate``)."""
+    ``--speculative-algorithm DDTREE``; then, in a scheduler's start with ``KDTREE_START_GATE``
+    set, wait for that gate (``start_gate``)."""
+    _register_backends()
     start_gate.hold_scheduler(os.environ)
+
+
+def _register_backends() -> None:
     _register_draft_extend()
     _register_dflash_causal_verify()
     from ..ddtree import algorithm as ddtree

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..settings import InferenceSettings
+from ..settings import InferenceSettings, SettingsError
 
 SCHEDULER_START = ("sglang.srt.managers.scheduler", "run_scheduler_process")
 """Where SGLang 0.5.23 starts a scheduler process: the module and function on the stack."""
@@ -63,8 +63,15 @@ def _say(message: str) -> None:
 
 def hold_scheduler(env: Mapping[str, str]) -> float | None:
     """In a scheduler's start with ``KDTREE_START_GATE`` set, wait for the gate (seconds waited);
-    elsewhere, or unset, return None at once."""
-    settings = InferenceSettings.from_env(env)
-    if settings.start_gate is None or not in_scheduler_start():
+    elsewhere, or unset, return None at once. Settings that do not read start no wait: the
+    backend refuses them, by name, when SGLang builds it."""
+    if not in_scheduler_start():
+        return None
+    try:
+        settings = InferenceSettings.from_env(env)
+    except SettingsError as error:
+        _say(f"no start gate: {error}")
+        return None
+    if settings.start_gate is None:
         return None
     return hold_until_open(settings.start_gate, settings.start_gate_timeout_s)
