@@ -495,6 +495,27 @@ def test_each_start_gate_opens_once_the_one_before_holds_its_memory_pools(
         stop_all(servers)
 
 
+SLOW_A_START = """
+time.sleep(4.0 if name == "a" else 0.3)
+"""
+
+
+def test_each_server_s_start_time_is_its_own(tmp_path, monkeypatch, capsys) -> None:
+    """b answers seconds before a, which started first: b's time is when it answered, not when
+    the wait for a was over."""
+    from kdtree_bench.e2e.sglang_servers import start_all, stop_all
+
+    specs = stand_in_specs(tmp_path, monkeypatch, SLOW_A_START)
+    servers, failed = start_all(specs, tmp_path / "logs", timeout_s=60, stagger_s=0.0)
+    try:
+        assert failed == {}
+        assert servers["b"].ready_after_s + 2.0 < servers["a"].ready_after_s
+        out = capsys.readouterr().out
+        assert out.index("[e2e] b ready after") < out.index("[e2e] a ready after")
+    finally:
+        stop_all(servers)
+
+
 def test_speed_json_says_whether_every_shape_was_measured(tmp_path) -> None:
     """Written after every shape: a cut run's speed.json holds its records, marked incomplete."""
     args = sglang_e2e.build_parser().parse_args(

@@ -339,18 +339,26 @@ class SGLangServer:
 
     def wait_ready(self, timeout_s: float) -> float:
         """Until /health answers 200; returns the seconds it took. Raises ServerFailed."""
-        deadline = self.started + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerFailed(
-                    f"{self.spec.name}: exited with {self.proc.returncode} before ready; "
-                    f"last log lines:\n{self.log_text()[-3000:]}"
-                )
-            if health_status(self.url) == 200:
-                self.ready_after_s = time.monotonic() - self.started
-                return self.ready_after_s
+        while (took := self.check_ready(timeout_s)) is None:
             time.sleep(1.0)
-        raise ServerFailed(f"{self.spec.name}: no healthy /health after {timeout_s:.0f} s")
+        return took
+
+    def check_ready(self, timeout_s: float) -> float | None:
+        """One look: the seconds since the start if /health answers 200 (the first such look is
+        kept as ``ready_after_s``), else None. Raises ServerFailed once the process has exited or
+        ``timeout_s`` has passed since the start."""
+        if self.proc.poll() is not None:
+            raise ServerFailed(
+                f"{self.spec.name}: exited with {self.proc.returncode} before ready; "
+                f"last log lines:\n{self.log_text()[-3000:]}"
+            )
+        if health_status(self.url) == 200:
+            if self.ready_after_s is None:
+                self.ready_after_s = time.monotonic() - self.started
+            return self.ready_after_s
+        if time.monotonic() - self.started >= timeout_s:
+            raise ServerFailed(f"{self.spec.name}: no healthy /health after {timeout_s:.0f} s")
+        return None
 
     def get(self, path: str, timeout_s: float = 30.0) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout_s) as resp:
@@ -457,33 +465,45 @@ def _wait_group(
 ) -> None:
     """Wait for every server of the group; then start each one that failed again, one at a time:
     a retry that starts beside another start can fail the memory profile the same way."""
-    pending = [name for name in names if not _ready(servers[name], 1, timeout_s, failed)]
+    pending = _await_ready([servers[name] for name in names], 1, timeout_s, failed)
     for attempt in range(2, retries + 2):
         again = []
         for name in pending:
             server = servers[name]
             server.log_path.rename(server.log_path.with_suffix(f".try{attempt - 1}.log"))
             servers[name] = SGLangServer(server.spec, log_dir)
-            if not _ready(servers[name], attempt, timeout_s, failed):
-                again.append(name)
+            again += _await_ready([servers[name]], attempt, timeout_s, failed)
         pending = again
     for name in pending:
         del servers[name]
 
 
-def _ready(server: SGLangServer, attempt: int, timeout_s: float, failed: dict[str, str]) -> bool:
-    """Wait for one server; a failed one is stopped and why is kept in ``failed``."""
-    name = server.spec.name
-    try:
-        took = server.wait_ready(timeout_s)
-    except ServerFailed as error:
-        print(f"[e2e] {name} FAILED (try {attempt}): {str(error)[-1500:]}", flush=True)
-        failed[name] = str(error)
-        server.stop()
-        return False
-    print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
-    failed.pop(name, None)
-    return True
+def _await_ready(
+    group: list[SGLangServer], attempt: int, timeout_s: float, failed: dict[str, str]
+) -> list[str]:
+    """Look at every server of ``group`` in turn, once a second, until each answers or fails,
+    so that each one's start time is its own, not when its turn to be waited for came. A failed
+    one is stopped and why is kept in ``failed``; returns their names."""
+    waiting, failed_names = list(group), []
+    while waiting:
+        for server in list(waiting):
+            name = server.spec.name
+            try:
+                took = server.check_ready(timeout_s)
+            except ServerFailed as error:
+                print(f"[e2e] {name} FAILED (try {attempt}): {str(error)[-1500:]}", flush=True)
+                failed[name] = str(error)
+                server.stop()
+                waiting.remove(server)
+                failed_names.append(name)
+                continue
+            if took is not None:
+                print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
+                failed.pop(name, None)
+                waiting.remove(server)
+        if waiting:
+            time.sleep(1.0)
+    return failed_names
 
 
 def stop_all(servers: dict[str, SGLangServer]) -> None:
