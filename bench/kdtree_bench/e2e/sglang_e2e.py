@@ -713,9 +713,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--pools-wait",
         type=float,
         default=300.0,
-        help="seconds a start waits at most for the server started before it to hold its "
-        "memory pools (SGLang sizes its own from the memory free when it starts, and refuses "
-        "to start when another server took it meanwhile); 0 starts them 3 s apart only",
+        help="the servers start together, each scheduler held at its start gate after its "
+        "imports; each gate opens once the server before holds its memory pools, or after this "
+        "many seconds at most (SGLang sizes its pool from the memory free when it measures, and "
+        "refuses to start when another server took it meanwhile); 0: no gates, 3 s apart",
     )
     parser.add_argument("--request-timeout", type=float, default=300.0)
     parser.add_argument(
