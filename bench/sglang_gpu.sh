@@ -133,7 +133,7 @@ run_phase() {
       say "kdtree-selfcheck exit $?" ;;
     correctness)
       # One pytest per configuration family (E2E_CONFIGS, default eagle), all at once: each
-      # family's servers start in waves of four, and the families share the GPU. With
+      # family's servers start together behind start gates, and the families share the GPU. With
       # E2E_SEQUENTIAL=1 one family after another, each with the whole card.
       for config in ${E2E_CONFIGS:-eagle}; do
         KDTREE_E2E_CONFIG=$config KDTREE_E2E_OUT=$OUT/correctness/$config timeout "${E2E_TIMEOUT:-560}" \
