@@ -759,3 +759,31 @@ def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_ord
 
     rows = merge_e2e.merge({"records": []}, [("run1", speed)])["records"]
     assert len({merge_e2e.row_key(r) for r in rows}) == len(rows) == 6
+
+
+RECORD_ARGS = """
+(root / f"args_{name}").write_text("\\n".join(args))
+"""
+
+
+@pytest.mark.parametrize(
+    ("preset", "override", "expected"),
+    [("kimi-rank", None, "0.16"), ("rank", None, "0.08"), ("kimi-rank", 0.3, "0.3")],
+)
+def test_gate_run_servers_take_the_preset_s_memory_fraction(
+    tmp_path, monkeypatch, preset, override, expected
+) -> None:
+    """The long-context and resolution runs' SGLang servers: kimi-rank's weights need more of the
+    card than ServerSpec's default, which SGLang would refuse at its start; an explicit
+    fraction wins."""
+    from kdtree_bench.e2e.parity_resolution import sglang_servers
+
+    env = stand_in_specs(tmp_path, monkeypatch, RECORD_ARGS)[0].env
+    model_dir = tmp_path / preset
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").touch()  # written already: no GPU needed here
+    (tmp_path / "raw" / "servers").mkdir(parents=True)
+    start = sglang_servers(model_dir, preset, timeout_s=60, mem_fraction=override)
+    with start(tmp_path / "raw", "baseline", {"KDTREE_VERIFY": "off", **env}):
+        args = (tmp_path / f"args_{preset}").read_text().split("\n")
+    assert args[args.index("--mem-fraction-static") + 1] == expected

@@ -85,14 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         help="per prompt: enough positions for a bucket's drift test to be significant",
     )
     p.add_argument("--policy", default=str(DEFAULT_POLICY))
+    p.add_argument(
+        "--mem-fraction",
+        type=float,
+        help="sglang: each server's --mem-fraction-static (default: the preset's, 0.16 for "
+        "kimi-rank, else 0.08)",
+    )
     args = p.parse_args(argv)
+    if args.mem_fraction is not None and not 0 < args.mem_fraction < 1:
+        p.error(f"--mem-fraction must be between 0 and 1, got {args.mem_fraction}")
     buckets = [int(b) for b in args.buckets.split(",") if b.strip()]
     parse_fault(args.fault)
     raw = args.out / "raw"
     for sub in ("servers", "gate", "runs"):  # where parity_resolution's judge writes
         (raw / sub).mkdir(parents=True, exist_ok=True)
     if args.servers == "sglang":
-        start = sglang_servers(args.model_dir, args.preset)
+        start = sglang_servers(args.model_dir, args.preset, mem_fraction=args.mem_fraction)
         floor, options = CHAIN_FLOOR, {}
     else:
         start, floor = engine_server, kv_splits_floor(2)

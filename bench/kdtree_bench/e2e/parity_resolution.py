@@ -259,16 +259,22 @@ def engine_server(
         server.stop()
 
 
-def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> StartServer:
+def sglang_servers(
+    model_dir: Path, preset: str, timeout_s: float = 900.0, mem_fraction: float | None = None
+) -> StartServer:
     """A ``start_server`` for real SGLang servers (``bench/kdtree_bench/e2e/sglang_servers.py``) on the GPU
     machine: the ``preset`` model written to ``model_dir`` by ``bench/kdtree_bench/models/make_model.py``,
     EAGLE tree speculation, radix cache off (deterministic at concurrency 1) and eager forwards
     (``kv_drop``/``tree_mask`` faults cannot be captured in CUDA graphs; the baseline runs eager
     too, so every candidate is compared at the same numerics). ``KDTREE_INJECT_FAULT=weight:..``
     serves a perturbed model copy (``make_model.py --perturb``) with KDTREE_VERIFY=off; the other
-    faults run KDTREE_VERIFY=on with the variable set."""
-    from kdtree_bench.e2e.sglang_servers import ServerSpec, SGLangServer
+    faults run KDTREE_VERIFY=on with the variable set. Each server takes ``mem_fraction`` of the
+    GPU, by default the preset's (``PRESET_MEM_FRACTION``) or ServerSpec's."""
+    from kdtree_bench.e2e.sglang_servers import PRESET_MEM_FRACTION, ServerSpec, SGLangServer
     from kdtree_bench.models import make_model
+
+    if mem_fraction is None:
+        mem_fraction = PRESET_MEM_FRACTION.get(preset, ServerSpec.mem_fraction)
 
     if not (model_dir / "model.safetensors").is_file():
         make_model.write_model(model_dir, preset, device="cuda")
@@ -307,6 +313,7 @@ def sglang_servers(model_dir: Path, preset: str, timeout_s: float = 900.0) -> St
             model=model,
             cuda_graphs=False,
             radix_cache=False,
+            mem_fraction=mem_fraction,
             env=env,
             **options,
         )

@@ -86,6 +86,10 @@ DRAFT_ATTENTION_BACKENDS = (
 """SGLang 0.5.23's choices for ``--speculative-draft-attention-backend`` (the draft model's
 attention; unset, SGLang picks it)."""
 DDTREE_BUDGET = 16
+# --mem-fraction-static for a preset whose weights ServerSpec's default fraction cannot hold:
+# kimi-rank's target and its NextN draft carry 163,840-token embeddings and heads, which SGLang
+# counts against the fraction; 0.16 of an H200 holds them with KV room (its correctness families).
+PRESET_MEM_FRACTION = {"kimi-rank": 0.16}
 KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
 """KV cache dtype -> SGLang's flags (bfloat16 is the model's dtype, SGLang's default)."""
 DFLASH_BLOCK_SIZE = 16
