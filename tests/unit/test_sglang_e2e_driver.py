@@ -787,3 +787,42 @@ def test_gate_run_servers_take_the_preset_s_memory_fraction(
     with start(tmp_path / "raw", "baseline", {"KDTREE_VERIFY": "off", **env}):
         args = (tmp_path / f"args_{preset}").read_text().split("\n")
     assert args[args.index("--mem-fraction-static") + 1] == expected
+
+
+def test_gate_run_servers_start_together_and_stop_after(tmp_path, monkeypatch) -> None:
+    """The long-context run's servers: both start (their imports) before either measures its
+    memory, each answers at the URL given for its tag, and both are stopped after the block."""
+    from kdtree_bench.e2e.parity_resolution import sglang_servers
+    from kdtree_inference.engine.launch import health_status
+
+    pools = "[2026-12-02 04:41:11] max_total_num_tokens=3529292, chunked_prefill_size=8192"
+    env = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools)[0].env
+    model_dir = tmp_path / "rank"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").touch()  # written already: no GPU needed here
+    servers = sglang_servers(model_dir, "rank", timeout_s=60)
+    wanted = [(tag, {"KDTREE_VERIFY": "off", **env}, None) for tag in ("baseline", "floor")]
+    with servers.together(tmp_path / "raw", wanted) as urls:
+        assert sorted(urls) == ["baseline", "floor"]
+        assert all(health_status(url) == 200 for url in urls.values())
+    assert all(health_status(url) != 200 for url in urls.values())
+    timeline = timeline_of(tmp_path)
+    assert timeline[:3] == ["start rank", "start rank", "gate rank"]
+    first_gate, second_gate = [i for i, event in enumerate(timeline) if event == "gate rank"]
+    assert first_gate < timeline.index("pools rank") < second_gate  # memory profiles take turns
+
+
+def test_gate_run_servers_that_fail_to_start_are_named(tmp_path, monkeypatch) -> None:
+    """A server that exits at its start (twice: it is retried once) stops the run with its name."""
+    from kdtree_bench.e2e.parity_resolution import sglang_servers
+
+    env = stand_in_specs(tmp_path, monkeypatch, "sys.exit(3)\n")[0].env
+    model_dir = tmp_path / "rank"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").touch()
+    servers = sglang_servers(model_dir, "rank", timeout_s=60)
+    with (
+        pytest.raises(RuntimeError, match=r"servers that did not start: .*'baseline'"),
+        servers.together(tmp_path / "raw", [("baseline", env, None)]),
+    ):
+        pass

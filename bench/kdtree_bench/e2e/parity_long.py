@@ -4,7 +4,8 @@ An off baseline and its A/A' floor serve while two candidates are gated against 
 long corpus (``kdtree_parity.long_corpus``, written in the model's own tokens): ``on``
 (KDTREE_VERIFY=on), which must pass, and ``on`` with ``KDTREE_INJECT_FAULT`` (default
 ``kv_drop:20000``: the KV row at position 20,000 is lost in every verify forward), which must
-fail, and only through the buckets whose prompts reach the fault. Writes ``long.json`` and
+fail, and only through the buckets whose prompts reach the fault. SGLang's four servers start
+together behind start gates, the reference engines one after another. Writes ``long.json`` and
 ``long.md`` (verdicts, failing rules, every bucket's status) and the gate's reports under
 ``runs/`` to OUT::
 
@@ -23,7 +24,7 @@ set to the corpus's size, ``min_context_tokens`` to the longest bucket, ``max_ne
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import sys
 import time
@@ -37,6 +38,7 @@ from kdtree_bench.e2e.parity_resolution import (
     failed_rules,
     judge,
     kv_splits_floor,
+    one_after_another,
     sglang_servers,
 )
 from kdtree_inference.faults import ENV_VAR, parse_fault
@@ -100,31 +102,35 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("servers", "gate", "runs"):  # where parity_resolution's judge writes
         (raw / sub).mkdir(parents=True, exist_ok=True)
     if args.servers == "sglang":
-        start = sglang_servers(args.model_dir, args.preset, mem_fraction=args.mem_fraction)
-        floor, options = CHAIN_FLOOR, {}
+        # The servers start together (SGLang's imports and graphs are most of a start).
+        servers = sglang_servers(args.model_dir, args.preset, mem_fraction=args.mem_fraction)
+        start_servers, floor, options = servers.together, CHAIN_FLOOR, {}
+        # SGLang's model directory holds its tokenizer once the model is written.
+        encode = tokenizer_encoder(str(args.model_dir))
     else:
-        start, floor = engine_server, kv_splits_floor(2)
+        start_servers = functools.partial(one_after_another, engine_server)
+        floor, encode = kv_splits_floor(2), None
         # The reference engine's positions reach past the longest bucket.
         options = {"context_length": max(buckets) + 2 * args.new_tokens + 64}
         options["max_prompt_tokens"] = max(buckets) + 8
     stock = {"KDTREE_VERIFY": "off", ENV_VAR: ""}
+    candidates = {
+        "on": {"KDTREE_VERIFY": "on", ENV_VAR: ""},
+        args.fault.replace(":", "_"): {"KDTREE_VERIFY": "on", ENV_VAR: args.fault},
+    }
+    wanted = [("baseline", stock, options or None), ("floor", stock, options | floor.options)]
+    wanted += [(name, env, options or None) for name, env in candidates.items()]
     table: dict = {"servers": args.servers, "preset": args.preset, "buckets": buckets}
     table |= {"fault": args.fault, "floor": floor.label, "candidates": {}}
+    corpus, policy = write_inputs(
+        raw, buckets, args.per_bucket, args.policy, args.new_tokens, encode
+    )
     started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        baseline = stack.enter_context(start(raw, "baseline", stock, options or None))
-        floor_url = stack.enter_context(start(raw, "floor", stock, {**options, **floor.options}))
-        # SGLang's model directory holds its tokenizer once the baseline has written the model.
-        encode = tokenizer_encoder(str(args.model_dir)) if args.servers == "sglang" else None
-        corpus, policy = write_inputs(
-            raw, buckets, args.per_bucket, args.policy, args.new_tokens, encode
-        )
-        for name, env in (
-            ("on", {"KDTREE_VERIFY": "on", ENV_VAR: ""}),
-            (args.fault.replace(":", "_"), {"KDTREE_VERIFY": "on", ENV_VAR: args.fault}),
-        ):
-            with start(raw, name, env, options or None) as url:
-                code, report = judge(baseline, url, corpus, policy, raw, name, floor_url)
+    with start_servers(raw, wanted) as urls:
+        for name in candidates:
+            code, report = judge(
+                urls["baseline"], urls[name], corpus, policy, raw, name, urls["floor"]
+            )
             context = report.get("context") or {}
             table["candidates"][name] = {
                 "exit": code,

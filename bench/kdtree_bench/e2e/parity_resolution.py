@@ -41,6 +41,13 @@ from pathlib import Path
 
 import yaml
 
+from kdtree_bench.e2e.sglang_servers import (
+    PRESET_MEM_FRACTION,
+    ServerSpec,
+    SGLangServer,
+    start_all,
+    stop_all,
+)
 from kdtree_inference.engine.launch import EngineProcess
 from kdtree_inference.faults import ENV_VAR, parse_fault
 from kdtree_parity.corpus import load_corpus
@@ -259,30 +266,46 @@ def engine_server(
         server.stop()
 
 
-def sglang_servers(
-    model_dir: Path, preset: str, timeout_s: float = 900.0, mem_fraction: float | None = None
-) -> StartServer:
-    """A ``start_server`` for real SGLang servers (``bench/kdtree_bench/e2e/sglang_servers.py``) on the GPU
-    machine: the ``preset`` model written to ``model_dir`` by ``bench/kdtree_bench/models/make_model.py``,
-    EAGLE tree speculation, radix cache off (deterministic at concurrency 1) and eager forwards
-    (``kv_drop``/``tree_mask`` faults cannot be captured in CUDA graphs; the baseline runs eager
-    too, so every candidate is compared at the same numerics). ``KDTREE_INJECT_FAULT=weight:..``
-    serves a perturbed model copy (``make_model.py --perturb``) with KDTREE_VERIFY=off; the other
-    faults run KDTREE_VERIFY=on with the variable set. Each server takes ``mem_fraction`` of the
-    GPU, by default the preset's (``PRESET_MEM_FRACTION``) or ServerSpec's."""
-    from kdtree_bench.e2e.sglang_servers import PRESET_MEM_FRACTION, ServerSpec, SGLangServer
-    from kdtree_bench.models import make_model
+StartServer = Callable[..., contextlib.AbstractContextManager[str]]
 
-    if mem_fraction is None:
-        mem_fraction = PRESET_MEM_FRACTION.get(preset, ServerSpec.mem_fraction)
+ServerWanted = tuple[str, dict[str, str], dict | None]
+"""A server to start: its tag, its environment and its options."""
 
-    if not (model_dir / "model.safetensors").is_file():
-        make_model.write_model(model_dir, preset, device="cuda")
 
-    @contextlib.contextmanager
-    def start(
-        raw: Path, tag: str, env: dict[str, str], options: dict | None = None
-    ) -> Iterator[str]:
+class SGLangServers:
+    """A ``start_server`` for real SGLang servers (``bench/kdtree_bench/e2e/sglang_servers.py``) on
+    the GPU machine: the ``preset`` model written to ``model_dir`` by
+    ``bench/kdtree_bench/models/make_model.py``, EAGLE tree speculation, radix cache off
+    (deterministic at concurrency 1) and eager forwards (``kv_drop``/``tree_mask`` faults cannot
+    be captured in CUDA graphs; the baseline runs eager too, so every candidate is compared at the
+    same numerics). ``KDTREE_INJECT_FAULT=weight:..`` serves a perturbed model copy
+    (``make_model.py --perturb``) with KDTREE_VERIFY=off; the other faults run KDTREE_VERIFY=on
+    with the variable set. Each server takes ``mem_fraction`` of the GPU, by default the
+    preset's (``PRESET_MEM_FRACTION``) or ServerSpec's. Calling it starts one server;
+    ``together`` starts several at once."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        preset: str,
+        timeout_s: float = 900.0,
+        mem_fraction: float | None = None,
+    ) -> None:
+        self.model_dir, self.preset, self.timeout_s = model_dir, preset, timeout_s
+        if mem_fraction is None:
+            mem_fraction = PRESET_MEM_FRACTION.get(preset, ServerSpec.mem_fraction)
+        self.mem_fraction = mem_fraction
+        if not (model_dir / "model.safetensors").is_file():
+            self._write_model(model_dir)
+
+    def _write_model(self, model: Path, **change) -> dict:
+        from kdtree_bench.models import make_model
+
+        return make_model.write_model(model, self.preset, device="cuda", **change)
+
+    def spec(self, tag: str, env: dict[str, str], options: dict | None = None) -> ServerSpec:
+        """The ServerSpec of server ``tag`` (writing its model copy first where its fault needs
+        one)."""
         options = dict(options or {})
         scale_output = None
         if "fault_layer" in options:  # layer_scale: a model copy with that o_proj scaled
@@ -291,43 +314,73 @@ def sglang_servers(
         if unknown:
             raise ValueError(f"{tag}: options {sorted(unknown)} have no SGLang counterpart here")
         env = dict(env)
-        model, fault = model_dir, parse_fault(env.get(ENV_VAR))
+        model, fault = self.model_dir, parse_fault(env.get(ENV_VAR))
+        copy = self.model_dir.with_name(f"{self.model_dir.name}-{tag}")
         if scale_output is not None:
-            model = model_dir.with_name(f"{model_dir.name}-{tag}")
+            model = copy
             if not (model / "model.safetensors").is_file():
-                make_model.write_model(model, preset, device="cuda", scale_output=scale_output)
+                self._write_model(model, scale_output=scale_output)
         if fault is not None and fault.kind == "weight":
-            model = model_dir.with_name(f"{model_dir.name}-{tag}")
+            model = copy
             if not (model / "model.safetensors").is_file():
-                made = make_model.write_model(
-                    model, preset, device="cuda", perturb=(fault.layer, fault.size)
-                )
+                made = self._write_model(model, perturb=(fault.layer, fault.size))
                 print(f"{tag}: realized relative size {made['kdtree_model']['perturb']}")
             env[ENV_VAR] = ""
         mode = env.pop("KDTREE_VERIFY", "off")
         if fault is not None and fault.kind != "weight":
             mode = "on"
-        spec = ServerSpec(
+        return ServerSpec(
             name=tag,
             mode=mode,
             model=model,
             cuda_graphs=False,
             radix_cache=False,
-            mem_fraction=mem_fraction,
+            mem_fraction=self.mem_fraction,
             env=env,
             **options,
         )
-        server = SGLangServer(spec, raw / "servers")
+
+    @contextlib.contextmanager
+    def __call__(
+        self, raw: Path, tag: str, env: dict[str, str], options: dict | None = None
+    ) -> Iterator[str]:
+        server = SGLangServer(self.spec(tag, env, options), raw / "servers")
         try:
-            server.wait_ready(timeout_s)
+            server.wait_ready(self.timeout_s)
             yield server.url
         finally:
             server.stop()
 
-    return start
+    @contextlib.contextmanager
+    def together(self, raw: Path, wanted: list[ServerWanted]) -> Iterator[dict[str, str]]:
+        """Every server of ``wanted`` started at once behind start gates (their imports overlap,
+        their memory profiles take turns: ``start_all``); their URLs by tag. Raises RuntimeError,
+        with each one's reason, when any did not start."""
+        specs = [self.spec(tag, env, options) for tag, env, options in wanted]
+        servers, failed = start_all(specs, raw / "servers", self.timeout_s, pools_wait_s=300.0)
+        try:
+            if failed:
+                raise RuntimeError(f"servers that did not start: {failed}")
+            yield {tag: server.url for tag, server in servers.items()}
+        finally:
+            stop_all(servers)
 
 
-StartServer = Callable[..., contextlib.AbstractContextManager[str]]
+def sglang_servers(
+    model_dir: Path, preset: str, timeout_s: float = 900.0, mem_fraction: float | None = None
+) -> SGLangServers:
+    """``SGLangServers`` for the ``preset`` model in ``model_dir`` (written if missing)."""
+    return SGLangServers(model_dir, preset, timeout_s, mem_fraction)
+
+
+@contextlib.contextmanager
+def one_after_another(
+    start: StartServer, raw: Path, wanted: list[ServerWanted]
+) -> Iterator[dict[str, str]]:
+    """Every server of ``wanted`` started with ``start``, each once the one before answers;
+    their URLs by tag."""
+    with contextlib.ExitStack() as stack:
+        yield {tag: stack.enter_context(start(raw, tag, env, opts)) for tag, env, opts in wanted}
 
 
 def prepare_raw(raw: Path, sizes: list[int], policy_name: str) -> tuple[dict, Path, dict]:
