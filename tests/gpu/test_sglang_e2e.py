@@ -62,6 +62,7 @@ from kdtree_bench.e2e.sglang_e2e import metric_sum, metric_values  # noqa: E402
 from kdtree_bench.e2e.sglang_servers import (  # noqa: E402
     DDTREE,
     DRAFT_MODEL_SPECULATIONS,
+    POOLS_WAIT_S,
     PRESET_MEM_FRACTION,
     ServerSpec,
     start_all,
@@ -299,7 +300,7 @@ def servers(models, out_dir):
     # All at once behind start gates (the speed harness's start, e2e 49 and 51): the imports
     # overlap, and each server measures the GPU's free memory only once the one before holds its
     # pools, so no start sees another's allocation in flight.
-    running, failed = start_all(_specs(models), out_dir, timeout_s=420, pools_wait_s=300.0)
+    running, failed = start_all(_specs(models), out_dir, timeout_s=420, pools_wait_s=POOLS_WAIT_S)
     yield running, failed
     for name, server in running.items():
         with contextlib.suppress(OSError):

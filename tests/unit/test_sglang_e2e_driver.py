@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kdtree_bench.e2e import sglang_e2e
+from kdtree_bench.e2e.parity_resolution import SGLangServers
 from kdtree_bench.e2e.sglang_servers import DRAFT_ATTENTION_BACKENDS, TP_ENV, ServerSpec
 
 
@@ -766,6 +767,18 @@ RECORD_ARGS = """
 """
 
 
+def stand_in_gate_run_servers(
+    tmp_path: Path, monkeypatch, start: str, preset: str = "rank", **kwargs
+) -> tuple[SGLangServers, dict[str, str]]:
+    """The gate runs' SGLang servers for ``preset`` on the stand-in launcher, its model written
+    already (no GPU needed here), and the environment that starts a stand-in server."""
+    env = stand_in_specs(tmp_path, monkeypatch, start, **kwargs.pop("stand_in_env", {}))[0].env
+    model_dir = tmp_path / preset
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").touch()
+    return SGLangServers(model_dir, preset, timeout_s=60, **kwargs), env
+
+
 @pytest.mark.parametrize(
     ("preset", "override", "expected"),
     [("kimi-rank", None, "0.16"), ("rank", None, "0.08"), ("kimi-rank", 0.3, "0.3")],
@@ -776,14 +789,10 @@ def test_gate_run_servers_take_the_preset_s_memory_fraction(
     """The long-context and resolution runs' SGLang servers: kimi-rank's weights need more of the
     card than ServerSpec's default, which SGLang would refuse at its start; an explicit
     fraction wins."""
-    from kdtree_bench.e2e.parity_resolution import sglang_servers
-
-    env = stand_in_specs(tmp_path, monkeypatch, RECORD_ARGS)[0].env
-    model_dir = tmp_path / preset
-    model_dir.mkdir()
-    (model_dir / "model.safetensors").touch()  # written already: no GPU needed here
+    start, env = stand_in_gate_run_servers(
+        tmp_path, monkeypatch, RECORD_ARGS, preset, mem_fraction=override
+    )
     (tmp_path / "raw" / "servers").mkdir(parents=True)
-    start = sglang_servers(model_dir, preset, timeout_s=60, mem_fraction=override)
     with start(tmp_path / "raw", "baseline", {"KDTREE_VERIFY": "off", **env}):
         args = (tmp_path / f"args_{preset}").read_text().split("\n")
     assert args[args.index("--mem-fraction-static") + 1] == expected
@@ -792,15 +801,12 @@ def test_gate_run_servers_take_the_preset_s_memory_fraction(
 def test_gate_run_servers_start_together_and_stop_after(tmp_path, monkeypatch) -> None:
     """The long-context run's servers: both start (their imports) before either measures its
     memory, each answers at the URL given for its tag, and both are stopped after the block."""
-    from kdtree_bench.e2e.parity_resolution import sglang_servers
     from kdtree_inference.engine.launch import health_status
 
     pools = "[2026-12-02 04:41:11] max_total_num_tokens=3529292, chunked_prefill_size=8192"
-    env = stand_in_specs(tmp_path, monkeypatch, POOLS_START, POOLS_LINE=pools)[0].env
-    model_dir = tmp_path / "rank"
-    model_dir.mkdir()
-    (model_dir / "model.safetensors").touch()  # written already: no GPU needed here
-    servers = sglang_servers(model_dir, "rank", timeout_s=60)
+    servers, env = stand_in_gate_run_servers(
+        tmp_path, monkeypatch, POOLS_START, stand_in_env={"POOLS_LINE": pools}
+    )
     wanted = [(tag, {"KDTREE_VERIFY": "off", **env}, None) for tag in ("baseline", "floor")]
     with servers.together(tmp_path / "raw", wanted) as urls:
         assert sorted(urls) == ["baseline", "floor"]
@@ -814,13 +820,7 @@ def test_gate_run_servers_start_together_and_stop_after(tmp_path, monkeypatch) -
 
 def test_gate_run_servers_that_fail_to_start_are_named(tmp_path, monkeypatch) -> None:
     """A server that exits at its start (twice: it is retried once) stops the run with its name."""
-    from kdtree_bench.e2e.parity_resolution import sglang_servers
-
-    env = stand_in_specs(tmp_path, monkeypatch, "sys.exit(3)\n")[0].env
-    model_dir = tmp_path / "rank"
-    model_dir.mkdir()
-    (model_dir / "model.safetensors").touch()
-    servers = sglang_servers(model_dir, "rank", timeout_s=60)
+    servers, env = stand_in_gate_run_servers(tmp_path, monkeypatch, "sys.exit(3)\n")
     with (
         pytest.raises(RuntimeError, match=r"servers that did not start: .*'baseline'"),
         servers.together(tmp_path / "raw", [("baseline", env, None)]),

@@ -34,12 +34,12 @@ import yaml
 
 from kdtree_bench.e2e.parity_resolution import (
     CHAIN_FLOOR,
+    SGLangServers,
     engine_server,
     failed_rules,
     judge,
     kv_splits_floor,
     one_after_another,
-    sglang_servers,
 )
 from kdtree_inference.faults import ENV_VAR, parse_fault
 from kdtree_parity.corpus import load_corpus
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         (raw / sub).mkdir(parents=True, exist_ok=True)
     if args.servers == "sglang":
         # The servers start together (SGLang's imports and graphs are most of a start).
-        servers = sglang_servers(args.model_dir, args.preset, mem_fraction=args.mem_fraction)
+        servers = SGLangServers(args.model_dir, args.preset, mem_fraction=args.mem_fraction)
         start_servers, floor, options = servers.together, CHAIN_FLOOR, {}
         # SGLang's model directory holds its tokenizer once the model is written.
         encode = tokenizer_encoder(str(args.model_dir))

@@ -42,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from kdtree_bench.e2e.sglang_servers import (
+    POOLS_WAIT_S,
     PRESET_MEM_FRACTION,
     ServerSpec,
     SGLangServer,
@@ -357,20 +358,15 @@ class SGLangServers:
         their memory profiles take turns: ``start_all``); their URLs by tag. Raises RuntimeError,
         with each one's reason, when any did not start."""
         specs = [self.spec(tag, env, options) for tag, env, options in wanted]
-        servers, failed = start_all(specs, raw / "servers", self.timeout_s, pools_wait_s=300.0)
+        servers, failed = start_all(
+            specs, raw / "servers", self.timeout_s, pools_wait_s=POOLS_WAIT_S
+        )
         try:
             if failed:
                 raise RuntimeError(f"servers that did not start: {failed}")
             yield {tag: server.url for tag, server in servers.items()}
         finally:
             stop_all(servers)
-
-
-def sglang_servers(
-    model_dir: Path, preset: str, timeout_s: float = 900.0, mem_fraction: float | None = None
-) -> SGLangServers:
-    """``SGLangServers`` for the ``preset`` model in ``model_dir`` (written if missing)."""
-    return SGLangServers(model_dir, preset, timeout_s, mem_fraction)
 
 
 @contextlib.contextmanager
@@ -600,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         print("parity_resolution: --corpus-sizes needs positive integers", file=sys.stderr)
         return 2
     if args.servers == "sglang":
-        start = sglang_servers(args.model_dir, args.preset)
+        start = SGLangServers(args.model_dir, args.preset)
         measure(
             faults,
             sizes,

@@ -71,6 +71,7 @@ from kdtree_bench.e2e.sglang_servers import (
     DFLASH_BLOCK_SIZE,
     DRAFT_ATTENTION_BACKENDS,
     GRAPH_MAX_BS,
+    POOLS_WAIT_S,
     ServerSpec,
     SGLangServer,
     start_all,
@@ -712,7 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pools-wait",
         type=float,
-        default=300.0,
+        default=POOLS_WAIT_S,
         help="the servers start together, each scheduler held at its start gate after its "
         "imports; each gate opens once the server before holds its memory pools, or after this "
         "many seconds at most (SGLang sizes its pool from the memory free when it measures, and "

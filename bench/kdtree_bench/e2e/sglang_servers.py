@@ -90,6 +90,8 @@ DDTREE_BUDGET = 16
 # kimi-rank's target and its NextN draft carry 163,840-token embeddings and heads, which SGLang
 # counts against the fraction; 0.16 of an H200 holds them with KV room (its correctness families).
 PRESET_MEM_FRACTION = {"kimi-rank": 0.16}
+POOLS_WAIT_S = 300.0
+"""How long a start gate waits at most for the server before to hold its memory pools."""
 KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
 """KV cache dtype -> SGLang's flags (bfloat16 is the model's dtype, SGLang's default)."""
 DFLASH_BLOCK_SIZE = 16
@@ -424,13 +426,14 @@ def start_all(
     failed: dict[str, str] = {}
     size = wave or len(specs)
     gates = log_dir / "gates"
+    if pools_wait_s > 0:
+        gates.mkdir(parents=True, exist_ok=True)
     try:
         for first in range(0, len(specs), size):
             group = specs[first : first + size]
             for spec in group:
                 gate = None
                 if pools_wait_s > 0:
-                    gates.mkdir(parents=True, exist_ok=True)
                     gate = gates / spec.name
                     gate.unlink(missing_ok=True)  # an earlier run's, which would let it on at once
                 servers[spec.name] = SGLangServer(spec, log_dir, gate=gate)
