@@ -57,6 +57,7 @@ TOO_SMALL_FRACTION = 0.3
 
 NEW_TOKENS = 256
 EAGLE_WIDTH = 8  # EAGLE 3 steps, top-4, 8 draft tokens per verify
+DDTREE_BUDGET = 16  # the budget the 61-layer DDTree rows run: 16 nodes and the root per verify
 KV_BYTES = {"bf16": 2, "fp8": 1}
 
 
@@ -72,7 +73,7 @@ class Row:
 
     @property
     def width(self) -> int:
-        return EAGLE_WIDTH if self.spec == "eagle" else BLOCK_SIZE
+        return {"eagle": EAGLE_WIDTH, "ddtree": DDTREE_BUDGET + 1}.get(self.spec, BLOCK_SIZE)
 
     @property
     def label(self) -> str:
@@ -92,7 +93,7 @@ def table_rows() -> list[Row]:
     rows.append(Row("rank", 61, "eagle", "bf16", 1, 131072, new_tokens=64))
     rows += [
         Row("rank", 61, spec, kv, batch, prompt)
-        for spec, kv in (("dflash", "bf16"), ("eagle", "fp8"))
+        for spec, kv in (("dflash", "bf16"), ("ddtree", "bf16"), ("eagle", "fp8"))
         for batch in (1, 8)
         for prompt in (1024, 32768)
     ]
