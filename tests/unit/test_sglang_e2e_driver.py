@@ -826,3 +826,52 @@ def test_gate_run_servers_that_fail_to_start_are_named(tmp_path, monkeypatch) ->
         servers.together(tmp_path / "raw", [("baseline", env, None)]),
     ):
         pass
+
+
+def test_the_verify_width_is_the_draft_tokens_flag_sglang_gets() -> None:
+    for spec, width in [
+        (ServerSpec("t", "on", Path("/m")), 8),
+        (ServerSpec("c", "on", Path("/m"), speculation="chain"), 4),
+        (ServerSpec("d", "on", Path("/m"), speculation="dflash", draft=Path("/d")), 16),
+        (ServerSpec("b", "on", Path("/m"), speculation="ddtree", draft=Path("/d"), budget=32), 33),
+    ]:
+        flags = spec.flags(30000)
+        assert flags[flags.index("--speculative-num-draft-tokens") + 1] == str(width)
+        assert spec.verify_width == width
+
+
+def test_kv_tokens_auto_caps_every_pool_at_the_largest_shape_s_need(tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path), "--shapes", "1x32768,8x1024"]
+    ddtree = ["--spec", "ddtree,dflash", "--draft", str(tmp_path), "--budget", "32"]
+    args = sglang_e2e.build_parser().parse_args([*base, *ddtree, "--kv-tokens", "auto"])
+    assert sglang_e2e.refusal(args) is None
+    configs = sglang_e2e.configurations(args.modes, args.spec, args.budget)
+    specs = sglang_e2e.run_server_specs(args, configs)
+    # The widest server verifies DDTree's 33 nodes; 1 x 32k outweighs 8 x 1k.
+    need = 1 * (32768 + max(args.new_tokens, args.warmup_tokens, args.profile_tokens) + 2 * 33)
+    assert sglang_e2e.kv_tokens_need(args, specs) == need
+    cap = need + max(4096, -(-need // 10))
+    assert {spec.kv_tokens for spec in specs} == {cap} and len(specs) == 6
+    for spec in specs:
+        flags = spec.flags(30000)
+        assert flags[flags.index("--max-total-tokens") + 1] == str(cap)
+        assert spec.describe()["kv_tokens"] == cap
+    uncapped = sglang_e2e.build_parser().parse_args([*base, *ddtree])
+    for spec in sglang_e2e.run_server_specs(uncapped, configs):
+        assert "--max-total-tokens" not in spec.flags(30000)
+        assert "kv_tokens" not in spec.describe()
+
+
+def test_a_kv_cap_too_small_for_a_shape_is_refused(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--out", str(tmp_path), "--shapes", "1x1024,1x32768"]
+    assert sglang_e2e.main([*base, "--kv-tokens", "30000"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-tokens 30000 cannot hold the largest shape, which needs 33040 KV slots" in err
+    for bad in ("0", "lots"):
+        with pytest.raises(SystemExit):
+            sglang_e2e.main([*base, "--kv-tokens", bad])
+        assert "--kv-tokens" in capsys.readouterr().err
+    args = sglang_e2e.build_parser().parse_args([*base, "--kv-tokens", "33040"])
+    assert sglang_e2e.refusal(args) is None

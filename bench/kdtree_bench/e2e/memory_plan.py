@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kdtree_bench.e2e.sglang_servers import kv_tokens_needed
 from kdtree_bench.models.make_dflash_draft import BLOCK_SIZE, draft_config
 from kdtree_bench.models.make_model import model_config, model_weights
 
@@ -171,7 +172,7 @@ class Plan:
 
 
 def plan(row: Row, reserve: float) -> Plan:
-    tokens = row.batch * (row.prompt + row.new_tokens + 2 * row.width)
+    tokens = kv_tokens_needed(row.batch, row.prompt, row.new_tokens, row.width)
     return Plan(row, weight_bytes(row) / GIB, tokens * kv_bytes_per_token(row) / GIB, reserve)
 
 

@@ -31,6 +31,9 @@ give every mode a server per algorithm and budget, all started together and meas
 alternating order, so they compare on one card in one command; the servers must then fit the
 GPU together (SGLang gives each ``--mem-fraction`` of what is free when it starts, so the
 n-th server gets about (1 - f)^(n-1) f of the card: docs/development.md's memory plan).
+``--kv-tokens auto`` caps every server's KV pool at what the largest shape needs (SGLang's
+``--max-total-tokens``), so a server takes no more of the card than the run uses and leaves the
+rest to the servers that start after it.
 ``speed.json`` is written again after every shape (``complete`` false until the last one), so a
 run cut by a time limit keeps what it measured. ``bench/kdtree_bench/analysis/merge_e2e.py`` folds the ``speed.json``
 files of runs into the committed record.
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -74,6 +78,8 @@ from kdtree_bench.e2e.sglang_servers import (
     POOLS_WAIT_S,
     ServerSpec,
     SGLangServer,
+    kv_pool_cap,
+    kv_tokens_needed,
     start_all,
     stop_all,
 )
@@ -356,6 +362,7 @@ def speed_specs(
     draft_attention: str | None = None,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
+    kv_tokens: int | None = None,
 ) -> list[ServerSpec]:
     """The servers of ``configs``; the draft model and its options go to the algorithms that
     serve one (the draft window to DFlash's alone), ``eagle_shape`` (tree or chain) to EAGLE's."""
@@ -380,9 +387,44 @@ def speed_specs(
                 env=MODES[config.mode][1],
                 tp=tp,
                 graph_max_bs=graph_max_bs,
+                kv_tokens=kv_tokens,
             )
         )
     return specs
+
+
+def kv_tokens_need(args: argparse.Namespace, specs: list[ServerSpec]) -> int:
+    """KV slots the largest measured shape holds in the widest of ``specs``' servers, counting
+    the longest generation a shape runs (timed, warm-up or profiled)."""
+    width = max(spec.verify_width for spec in specs)
+    new_tokens = max(args.new_tokens, args.warmup_tokens, args.profile_tokens)
+    return max(
+        kv_tokens_needed(batch, prompt_len, new_tokens, width)
+        for prompt_len, batch in measured_shapes(args)
+    )
+
+
+def run_server_specs(args: argparse.Namespace, configs: list[Configuration]) -> list[ServerSpec]:
+    """The servers of ``configs`` as the arguments ask, their KV pools capped by --kv-tokens."""
+    specs = speed_specs(
+        args.model,
+        configs,
+        args.mem_fraction,
+        tuple(args.server_arg),
+        tp=args.tp,
+        graph_max_bs=args.graph_max_bs,
+        eagle_shape=args.speculation,
+        draft=args.draft,
+        block_size=args.block_size,
+        draft_window=args.draft_window,
+        draft_attention=args.draft_attention_backend,
+        kv_dtype=KV_DTYPE_NAMES[args.kv_dtype],
+        cuda_graphs=not args.no_cuda_graphs,
+    )
+    if args.kv_tokens is None:
+        return specs
+    cap = kv_pool_cap(kv_tokens_need(args, specs)) if args.kv_tokens == "auto" else args.kv_tokens
+    return [dataclasses.replace(spec, kv_tokens=cap) for spec in specs]
 
 
 def measured_shapes(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -405,21 +447,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     config = json.loads((args.model / "config.json").read_text())
     kv_dtype = KV_DTYPE_NAMES[args.kv_dtype]
     configs = configurations(args.modes, args.spec, args.budget)
-    specs = speed_specs(
-        args.model,
-        configs,
-        args.mem_fraction,
-        tuple(args.server_arg),
-        tp=args.tp,
-        graph_max_bs=args.graph_max_bs,
-        eagle_shape=args.speculation,
-        draft=args.draft,
-        block_size=args.block_size,
-        draft_window=args.draft_window,
-        draft_attention=args.draft_attention_backend,
-        kv_dtype=kv_dtype,
-        cuda_graphs=not args.no_cuda_graphs,
-    )
+    specs = run_server_specs(args, configs)
     draft = None if args.draft is None else json.loads((args.draft / "config.json").read_text())
     avoid = draft_mask_token(draft)
     model_name = made_model_name(config, args.model.name)
@@ -677,6 +705,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server")
     parser.add_argument("--mem-fraction", type=float, default=0.12)
     parser.add_argument(
+        "--kv-tokens",
+        type=kv_tokens_arg,
+        default=None,
+        help="cap every server's KV pool (SGLang's --max-total-tokens): a number of tokens, or "
+        "auto, what the largest shape needs plus a tenth (at least 4,096); default: SGLang "
+        "sizes each pool from --mem-fraction",
+    )
+    parser.add_argument(
         "--graph-max-bs",
         type=int,
         default=GRAPH_MAX_BS,
@@ -724,6 +760,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-arg", action="append", default=[], help="one more SGLang argument (repeatable)"
     )
     return parser
+
+
+def kv_tokens_arg(text: str) -> int | str:
+    """``--kv-tokens``: ``auto`` or a positive number of tokens."""
+    if text == "auto":
+        return text
+    try:
+        tokens = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither auto nor a number of tokens"
+        ) from None
+    if tokens < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 token, got {tokens}")
+    return tokens
 
 
 def refusal(args: argparse.Namespace) -> str | None:
@@ -774,6 +825,16 @@ def refusal(args: argparse.Namespace) -> str | None:
     if args.profile_shape is not None and args.profile_shape not in measured_shapes(args):
         prompt_len, batch = args.profile_shape
         return f"--profile-shape {batch}x{prompt_len} is not one of the measured shapes"
+    if isinstance(args.kv_tokens, int):
+        need = kv_tokens_need(
+            args, run_server_specs(args, configurations(args.modes, args.spec, args.budget))
+        )
+        if args.kv_tokens < need:
+            return (
+                f"--kv-tokens {args.kv_tokens} cannot hold the largest shape, which needs {need} "
+                "KV slots (batch x (prompt + new tokens + twice the verify width)); raise it or "
+                "use auto"
+            )
     return None
 
 

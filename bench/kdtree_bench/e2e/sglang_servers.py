@@ -120,6 +120,7 @@ class ServerSpec:
     mem_fraction: float = 0.08
     tp: int = 1
     graph_max_bs: int = GRAPH_MAX_BS  # decode graphs cover batches 1..graph_max_bs
+    kv_tokens: int | None = None  # the KV pool's cap (--max-total-tokens); None: SGLang's sizing
     extra: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -149,6 +150,8 @@ class ServerSpec:
                 )
         if self.budget < 1:
             raise ValueError(f"{self.name}: budget must be at least 1, got {self.budget}")
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise ValueError(f"{self.name}: kv_tokens must be at least 1, got {self.kv_tokens}")
         if self.block_size < 2:
             raise ValueError(f"{self.name}: block_size must be at least 2, got {self.block_size}")
         if self.draft_window is not None:
@@ -164,6 +167,16 @@ class ServerSpec:
     def spec(self) -> str:
         """The speculative algorithm's family: eagle or dflash."""
         return SPEC_FAMILY[self.speculation]
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens verified per request and step: SGLang's --speculative-num-draft-tokens."""
+        if self.speculation == DDTREE:
+            return self.budget + 1
+        if self.speculation == DFLASH:
+            return self.block_size
+        flags = SPECULATION[self.speculation]
+        return int(flags[flags.index("--speculative-num-draft-tokens") + 1])
 
     def draft_attention_flags(self) -> list[str]:
         """SGLang's flag for the draft model's attention backend, where one is set."""
@@ -181,7 +194,7 @@ class ServerSpec:
                 "--speculative-draft-model-path",
                 str(self.draft),
                 "--speculative-num-draft-tokens",
-                str(self.budget + 1),
+                str(self.verify_width),
                 "--disable-overlap-schedule",
                 *self.draft_attention_flags(),
             ]
@@ -232,6 +245,7 @@ class ServerSpec:
             "disabled",
             *([] if self.radix_cache else ["--disable-radix-cache"]),
             *(["--tp-size", str(self.tp)] if self.tp > 1 else []),
+            *(["--max-total-tokens", str(self.kv_tokens)] if self.kv_tokens else []),
             "--enable-metrics",
             "--host",
             LOOPBACK,
@@ -272,7 +286,22 @@ class ServerSpec:
             "graph_max_bs": self.graph_max_bs if self.cuda_graphs else 0,
             "radix_cache": self.radix_cache,
             "tp": self.tp,
+            **({"kv_tokens": self.kv_tokens} if self.kv_tokens else {}),
         }
+
+
+def kv_tokens_needed(batch: int, prompt: int, new_tokens: int, verify_width: int) -> int:
+    """KV slots ``batch`` requests of ``prompt`` tokens hold while they generate ``new_tokens``:
+    the prompt, the output, and the slots a speculative step reserves (twice the verify width:
+    the step's draft and the one queued behind it)."""
+    return batch * (prompt + new_tokens + 2 * verify_width)
+
+
+def kv_pool_cap(needed: int) -> int:
+    """A KV pool's cap for a run whose largest shape needs ``needed`` slots: a tenth more and at
+    least 4,096 (page rounding, the chunked prefill's last chunk, SGLang's own reserve), so the
+    pool holds what the run needs and leaves the rest of the card to the servers beside it."""
+    return needed + max(4096, -(-needed // 10))
 
 
 def kdtree_serve() -> str:
