@@ -362,7 +362,6 @@ def speed_specs(
     draft_attention: str | None = None,
     kv_dtype: str = "bfloat16",
     cuda_graphs: bool = True,
-    kv_tokens: int | None = None,
 ) -> list[ServerSpec]:
     """The servers of ``configs``; the draft model and its options go to the algorithms that
     serve one (the draft window to DFlash's alone), ``eagle_shape`` (tree or chain) to EAGLE's."""
@@ -387,7 +386,6 @@ def speed_specs(
                 env=MODES[config.mode][1],
                 tp=tp,
                 graph_max_bs=graph_max_bs,
-                kv_tokens=kv_tokens,
             )
         )
     return specs
