@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdtree_bench.e2e.sglang_servers import kv_tokens_needed
+from kdtree_bench.e2e.sglang_servers import kv_tokens_needed, verify_width
 from kdtree_bench.models.make_dflash_draft import BLOCK_SIZE, draft_config
 from kdtree_bench.models.make_model import model_config, model_weights
 
@@ -57,8 +57,6 @@ TOO_SMALL_FRACTION = 0.3
 """The fraction at which the second 61-layer server found no KV room."""
 
 NEW_TOKENS = 256
-EAGLE_WIDTH = 8  # EAGLE 3 steps, top-4, 8 draft tokens per verify
-DDTREE_BUDGET = 16  # the budget the 61-layer DDTree rows run: 16 nodes and the root per verify
 KV_BYTES = {"bf16": 2, "fp8": 1}
 
 
@@ -74,7 +72,8 @@ class Row:
 
     @property
     def width(self) -> int:
-        return {"eagle": EAGLE_WIDTH, "ddtree": DDTREE_BUDGET + 1}.get(self.spec, BLOCK_SIZE)
+        # EAGLE's rows run its tree; DDTree's the default budget.
+        return verify_width("tree" if self.spec == "eagle" else self.spec, BLOCK_SIZE)
 
     @property
     def label(self) -> str:

@@ -171,12 +171,7 @@ class ServerSpec:
     @property
     def verify_width(self) -> int:
         """Tokens verified per request and step: SGLang's --speculative-num-draft-tokens."""
-        if self.speculation == DDTREE:
-            return self.budget + 1
-        if self.speculation == DFLASH:
-            return self.block_size
-        flags = SPECULATION[self.speculation]
-        return int(flags[flags.index("--speculative-num-draft-tokens") + 1])
+        return verify_width(self.speculation, self.block_size, self.budget)
 
     def draft_attention_flags(self) -> list[str]:
         """SGLang's flag for the draft model's attention backend, where one is set."""
@@ -288,6 +283,18 @@ class ServerSpec:
             "tp": self.tp,
             **({"kv_tokens": self.kv_tokens} if self.kv_tokens else {}),
         }
+
+
+def verify_width(
+    speculation: str, block_size: int = DFLASH_BLOCK_SIZE, budget: int = DDTREE_BUDGET
+) -> int:
+    """Tokens a ``speculation`` (tree, chain, dflash, ddtree) verifies per request and step."""
+    if speculation == DDTREE:
+        return budget + 1
+    if speculation == DFLASH:
+        return block_size
+    flags = SPECULATION[speculation]
+    return int(flags[flags.index("--speculative-num-draft-tokens") + 1])
 
 
 def kv_tokens_needed(batch: int, prompt: int, new_tokens: int, verify_width: int) -> int:
