@@ -1,5 +1,5 @@
 """bench/kdtree_bench/kernel/kernel_bench.py's pure parts: grid partitioning, shape lists, merging part results into
-one complete grid, and the efficiency against the mma.sync ceiling."""
+one complete grid, and the efficiency against the mma.sync ceiling; output_bits.py's comparison."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from kdtree_bench.kernel import kernel_bench
+from kdtree_bench.kernel import kernel_bench, output_bits
 
 
 def _record(shape: tuple[int, int, int, int]) -> dict:
@@ -148,3 +149,21 @@ def test_l2_states_are_described_and_checked() -> None:
     assert "no flush" in kernel_bench.timing_note("warm")
     with pytest.raises(ValueError, match="l2: one of flushed, clean, warm"):
         kernel_bench.Timer(l2="hot")  # refused before any CUDA allocation
+
+
+def test_output_bits_tells_a_one_bit_change_from_identical_outputs(capsys) -> None:
+    """bench/kdtree_bench/kernel/output_bits.py's comparison: bit for bit, NaNs included."""
+    out = torch.tensor([[1.0, -2.5, float("nan")]], dtype=torch.bfloat16)
+    lse = torch.tensor([0.25, 3.0])
+    saved = {"a fp16": (out, lse), "a triton": (out, lse)}
+    assert (
+        output_bits.compare(saved, {k: (o.clone(), s.clone()) for k, (o, s) in saved.items()}) == 0
+    )
+    assert "2 of 2 identical" in capsys.readouterr().out
+
+    nudged = lse.clone()
+    nudged[1] = torch.nextafter(nudged[1], torch.tensor(4.0))  # one ULP
+    assert output_bits.compare(saved, {"a fp16": (out, lse), "a triton": (out, nudged)}) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("identical  a fp16") and lines[1].startswith("DIFFERENT  a triton")
+    assert output_bits.compare(saved, {"a fp16": (out, lse)}) == 2

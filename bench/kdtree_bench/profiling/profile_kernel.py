@@ -5,6 +5,9 @@
         python3 -m kdtree_bench.profiling.profile_kernel --batch 1 --heads 8 --draft 8 --prefix 32768
 
 Two warm-up calls come first (skip them with --launch-skip 2), then the profiled one.
+``--kv-dtype fp8`` puts the prefix in an e4m3 pool (scales 0.5 / 0.25) and rounds per
+``--fp8-numerics``: with ``triton`` each call launches the row-max pass before the attention
+kernel (regex ``plan_kernel|attention_kernel|combine_kernel`` names every launch of one call).
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ def main() -> None:
     parser.add_argument("--draft", type=int, default=8)
     parser.add_argument("--prefix", type=int, default=32768)
     parser.add_argument("--mask", choices=("tree", "chain", "causal"), default="tree")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+    parser.add_argument("--fp8-numerics", choices=("fp16", "triton"), default="triton")
     args = parser.parse_args()
+    fp8 = args.kv_dtype == "fp8"
     case = make_case(
         [args.prefix] * args.batch,
         args.draft,
@@ -32,12 +38,17 @@ def main() -> None:
         mask=args.mask,
         dtype=torch.bfloat16,
         device="cuda",
+        kv_dtype=torch.float8_e4m3fn if fp8 else None,
+        k_scale=0.5 if fp8 else 1.0,
+        v_scale=0.25 if fp8 else 1.0,
     )
+    numerics = {"fp8_numerics": args.fp8_numerics} if fp8 else {}
     for _ in range(3):
-        out = verify_attention(*case.args())
+        out = verify_attention(*case.args(), **case.scales(), **numerics)
     torch.cuda.synchronize()
     print(
-        f"B={args.batch} H={args.heads} T={args.draft} prefix={args.prefix}: out {tuple(out.shape)}"
+        f"B={args.batch} H={args.heads} T={args.draft} prefix={args.prefix} "
+        f"kv {args.kv_dtype}{' ' + args.fp8_numerics if fp8 else ''}: out {tuple(out.shape)}"
     )
 
 
