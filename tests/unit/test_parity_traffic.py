@@ -29,6 +29,7 @@ from kdtree_parity.generation import MalformedResponse
 from kdtree_parity.long_corpus import generate_entries, long_corpus_jsonl
 from kdtree_parity.policy import parse_policy
 from kdtree_parity.progress_lines import ProgressLines
+from kdtree_parity.report.context import context_markdown, context_model
 from kdtree_parity.results import PromptResult
 from kdtree_parity.runner import RunRefused, prepare_run
 from kdtree_parity.settings import ParitySettings, SettingsError, target_tokens
@@ -318,6 +319,11 @@ def test_accept_length_is_judged_against_the_baseline_never_the_floor() -> None:
     verdict = judge(results, 4, _gate(max_accept_length_drop=0.1)).verdict
     (reason,) = [r for r in verdict.reasons if r.rule == "accept_length"]
     assert reason.outcome == "pass" and "2.000 vs baseline 2.000" in reason.message, reason
+    # The report's bucket table beside it compares the same two targets.
+    judgement = judge(results, 4, _gate(max_accept_length_drop=0.1))
+    table = context_markdown(context_model(judgement, _gate()))
+    (row,) = [line for line in table if line.startswith("| short |")]
+    assert "| 2.00 / 2.00 |" in row, row
 
 
 def test_a_candidate_that_stops_reporting_accept_length_fails() -> None:

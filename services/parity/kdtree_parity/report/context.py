@@ -67,7 +67,8 @@ def context_markdown(context: ContextModel | None) -> list[str]:
     ]
     for b in context.buckets:
         accept = {a.role: a.mean for a in b.accept_length}
-        cand, base = accept.get("candidate"), accept.get("floor", accept.get("baseline"))
+        # The baseline, never the floor: a floor may draft another shape (accept_length.py).
+        cand, base = accept.get("candidate"), accept.get("baseline")
         al = f"{cand:.2f} / {base:.2f}" if cand is not None and base is not None else "-"
         failed = [r.rule for r in b.reasons if r.outcome == "fail"]
         lines.append(
