@@ -1,22 +1,23 @@
 """The GPU-memory plan of the end-to-end speed table: for each row, the weights, the KV cache the
 row's requests hold, and whether an `off` and an `on` server fit one GPU together.
 
-SGLang 0.5.23 sizes a server's memory from what is free when it starts (`pre_model_load_memory`,
-P): after loading and graph capture it keeps P x (1 - f) free, f being `--mem-fraction-static`,
-and gives the KV pools the rest (`kv_pool_runtime.py`). So the first server uses P x f in all,
-and the second, starting with P x (1 - f) free, uses P x (1 - f) x f: weights, graphs and
-activations, then KV. The second server's room for graphs, activations and KV is therefore
-P x f x (1 - f) - weights, at most P / 4 - weights (f = 0.5). A row whose KV and reserve need more
-than that runs one server per command (`--modes off`, then `--modes on`), with the room
-P x f - weights.
+Every row runs with `--kv-tokens auto`: each server's KV pool is capped (SGLang's
+`--max-total-tokens`) at the row's need plus a tenth. SGLang 0.5.23 sizes a server's pool from
+what is free when it starts (P), f being `--mem-fraction-static`: before graph capture the pool
+is the smaller of the cap and P x f - W (W its weights, `_profile_available_bytes`); after
+capture it is resized to what is free beyond P x (1 - f) plus the pool itself, so it never
+shrinks (`kv_pool_runtime.compute_post_capture_kv_resize`). A capped server therefore holds its
+weights, its pool K and its graphs, activations and CUDA context G, whatever f is; f only has to
+give the pool its cap: P x f >= W + K for the smallest P a server of the row starts with, the
+second of two once the first runs (P1 - W - K - G). The servers together must leave room for the
+prefill's activations (`ACTIVATION_MARGIN_GIB`).
 
 Weights are counted from the checkpoints the harness writes (`make_model`, `make_dflash_draft`),
 KV from the pools' cell sizes (MLA: kv_lora + rope per layer; the DFlash draft's MHA: K and V of
-hidden size per layer), for batch x (prompt + new tokens + twice the verify width) tokens, the
-slots a decode step reserves. Graphs, activations and SGLang's smallest pool are not modelled but
-reserved: the room the second 61-layer server had at f 0.3, where it found no KV room (at 0.36 it
-started, graphs to batch 8). The first run of a row shows the real figure in its server log
-("avail mem" after capture); the reserve should then be replaced by it.
+hidden size per layer) for the capped pool. G is measured: 2.9 GiB per 61-layer DFlash-draft
+server with graphs to batch 8 (e2e 55's logs); EAGLE's is bounded by the start that failed (the
+room the second 61-layer server had at f 0.3 uncapped, where it found no KV room). The first run
+of a row shows the real figure in its server log; G should then be replaced by it.
 
 Usage: python -m kdtree_bench.e2e.memory_plan [--write]   (--write: refresh docs/development.md)
 """
@@ -29,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdtree_bench.e2e.sglang_servers import kv_tokens_needed, verify_width
+from kdtree_bench.e2e.sglang_servers import kv_pool_cap, kv_tokens_needed, verify_width
 from kdtree_bench.models.make_dflash_draft import BLOCK_SIZE, draft_config
 from kdtree_bench.models.make_model import model_config, model_weights
 
@@ -51,10 +52,17 @@ GROUP_CARDS = {"H100": FREE_AT_START_H100_GIB, "H200": FREE_AT_START_GIB}
 GROUP_SIZES = (2, 4, 6, 8)
 """Servers a speed run starts together: an off and an on per DDTree budget or algorithm."""
 
-TWO_SERVERS_FRACTION = 0.36
-"""The fraction the 61-layer rows have run two servers at."""
 TOO_SMALL_FRACTION = 0.3
-"""The fraction at which the second 61-layer server found no KV room."""
+"""The fraction at which the second uncapped 61-layer EAGLE server found no KV room (H200)."""
+DFLASH_DRAFT_GRAPHS_GIB = 2.9
+"""Graphs (to batch 8), activations and CUDA context of a 61-layer server with the DFlash draft:
+e2e 55's two DDTree servers held 43.41 GiB together (78.50 free before the first, 35.09 after
+both; bench/results/sglang_e2e/run55, speed.tar.xz), 2.9 GiB each beyond the weights and pools
+this plan counts (SGLang logged 0.45 GiB more weights than counted: the rest is G)."""
+MARGIN = 0.02
+"""Added to the smallest fraction that fits."""
+ACTIVATION_MARGIN_GIB = 3.0
+"""Free memory the running servers leave for a prefill chunk's activations (not measured)."""
 
 NEW_TOKENS = 256
 KV_BYTES = {"bf16": 2, "fp8": 1}
@@ -139,16 +147,20 @@ def kv_bytes_per_token(row: Row) -> int:
 
 
 def second_room_gib(weights_gib: float, fraction: float) -> float:
-    """What the second of two servers at ``fraction`` has for graphs, activations and KV (the
-    first one's graphs and activations are in the reserve, not subtracted here)."""
+    """What the second of two uncapped servers at ``fraction`` had on an H200 for graphs,
+    activations and KV (the first one's graphs and activations not subtracted)."""
     second = group_static_gib(FREE_AT_START_GIB, fraction, 2, overhead_gib=0.0)[-1]
     return second - weights_gib
 
 
-def reserve_gib() -> float:
-    """Graphs, activations and SGLang's smallest pool: more than the room that was too small."""
+def eagle_graphs_gib() -> float:
+    """EAGLE's graphs, activations and smallest pool: more than the room that was too small."""
     too_small = Row("rank", 61, "eagle", "bf16", 8, 1024)
     return second_room_gib(weight_bytes(too_small) / GIB, TOO_SMALL_FRACTION)
+
+
+def graphs_gib(row: Row) -> float:
+    return eagle_graphs_gib() if row.spec == "eagle" else DFLASH_DRAFT_GRAPHS_GIB
 
 
 @dataclass(frozen=True)
@@ -156,23 +168,33 @@ class Plan:
     row: Row
     weights_gib: float
     kv_gib: float
-    reserve_gib: float
+    graphs_gib: float
 
     @property
-    def layout(self) -> str:
-        need = self.kv_gib + self.reserve_gib
-        for fraction in (TWO_SERVERS_FRACTION, 0.5):
-            if need <= second_room_gib(self.weights_gib, fraction):
-                return f"two servers, f {fraction}"
-        fraction = (self.weights_gib + need) / FREE_AT_START_GIB
-        if fraction > 0.95:
-            return "does not fit one H200"
-        return f"one server per mode, f {math.ceil(fraction * 100) / 100:.2f}"
+    def server_gib(self) -> float:
+        """What one capped server holds once it runs."""
+        return self.weights_gib + self.kv_gib + self.graphs_gib
+
+    def fraction(self, start_free_gib: float) -> float:
+        """The smallest f at which a server that finds ``start_free_gib`` free gets its cap."""
+        return (self.weights_gib + self.kv_gib) / start_free_gib
+
+    def layout(self, free_gib: float) -> str:
+        """Two servers in one command, one server per mode, or neither, on a card with
+        ``free_gib`` free at the first start."""
+        for label, servers in (("two servers", 2), ("one server per mode", 1)):
+            if servers * self.server_gib + ACTIVATION_MARGIN_GIB > free_gib:
+                continue
+            last_start = free_gib - (servers - 1) * self.server_gib
+            chosen = math.ceil((self.fraction(last_start) + MARGIN) * 100) / 100
+            return f"{label}, f {chosen:.2f}"
+        return "does not fit"
 
 
-def plan(row: Row, reserve: float) -> Plan:
-    tokens = kv_tokens_needed(row.batch, row.prompt, row.new_tokens, row.width)
-    return Plan(row, weight_bytes(row) / GIB, tokens * kv_bytes_per_token(row) / GIB, reserve)
+def plan(row: Row) -> Plan:
+    needed = kv_tokens_needed(row.batch, row.prompt, row.new_tokens, row.width)
+    kv = kv_pool_cap(needed) * kv_bytes_per_token(row) / GIB
+    return Plan(row, weight_bytes(row) / GIB, kv, graphs_gib(row))
 
 
 def group_static_gib(
@@ -202,7 +224,8 @@ def group_fit(row: Row, count: int, free_gib: float) -> tuple[float, float]:
 def render_groups() -> str:
     """Which groups of DDTree servers (the 4-layer rank model, batch 1, 128k) fit one card."""
     row = Row("rank", 4, "ddtree", "bf16", 1, 131072)
-    kv = plan(row, 0).kv_gib
+    kv = kv_tokens_needed(row.batch, row.prompt, row.new_tokens, row.width)
+    kv = kv * kv_bytes_per_token(row) / GIB
     lines = [
         f"Servers started together ({row.label}: {weight_bytes(row) / GIB:.1f} GiB of weights "
         f"and {kv:.1f} of KV each; {STARTED_SERVER_OVERHEAD_GIB} GiB more per started server):",
@@ -221,20 +244,19 @@ def render_groups() -> str:
 
 
 def render() -> str:
-    reserve = reserve_gib()
     lines = [
-        f"Reserve for graphs and activations: {reserve:.1f} GiB; an H200 has "
-        f"{FREE_AT_START_GIB} GiB free at the first start.",
+        "Every row with `--kv-tokens auto`; G: graphs, activations and CUDA context per server "
+        f"({DFLASH_DRAFT_GRAPHS_GIB} GiB measured with the DFlash draft, {eagle_graphs_gib():.1f} "
+        f"bounded for EAGLE); free at the first start: H100 {FREE_AT_START_H100_GIB} GiB, "
+        f"H200 {FREE_AT_START_GIB} GiB.",
         "",
-        "| row | weights GiB | KV GiB | second server's room at "
-        f"f {TWO_SERVERS_FRACTION} / 0.5, GiB | layout |",
-        "|---|---:|---:|---:|---|",
+        "| row | weights GiB | capped KV GiB | G GiB | H100 | H200 |",
+        "|---|---:|---:|---:|---|---|",
     ]
-    for p in (plan(row, reserve) for row in table_rows()):
-        rooms = [second_room_gib(p.weights_gib, f) for f in (TWO_SERVERS_FRACTION, 0.5)]
+    for p in (plan(row) for row in table_rows()):
         lines.append(
-            f"| {p.row.label} | {p.weights_gib:.1f} | {p.kv_gib:.1f} | "
-            f"{rooms[0]:.1f} / {rooms[1]:.1f} | {p.layout} |"
+            f"| {p.row.label} | {p.weights_gib:.1f} | {p.kv_gib:.1f} | {p.graphs_gib:.1f} | "
+            f"{p.layout(FREE_AT_START_H100_GIB)} | {p.layout(FREE_AT_START_GIB)} |"
         )
     return "\n".join(lines) + "\n\n" + render_groups()
 

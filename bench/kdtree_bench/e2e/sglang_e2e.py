@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kdtree_bench.e2e.gpu_memory import servers_mib
 from kdtree_bench.e2e.sglang_servers import (
     DDTREE,
     DDTREE_BUDGET,
@@ -452,11 +453,16 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     servers, failed = start_all(
         specs, out, args.start_timeout, wave=args.start_wave, pools_wait_s=args.pools_wait
     )
+    launchers = {name: s.proc.pid for name, s in servers.items()}
+    # What each server holds once all run, and once the shapes are measured (the memory plan's
+    # weights + pool + graphs, read per process rather than from SGLang's free-memory deltas).
+    gpu_memory: dict[str, Any] = {"ready": servers_mib(launchers)}
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
 
     def write_result(complete: bool) -> dict[str, Any]:
         result = speed_result(args, config, draft, records, profile, servers, complete)
+        result["gpu_memory_mib"] = gpu_memory
         (out / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
         return result
 
@@ -465,7 +471,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"servers failed to start: {sorted(failed)}; logs in {out}")
         sampling = (
             HostSampler(
-                {name.removeprefix("speed_"): s.proc.pid for name, s in servers.items()},
+                {name.removeprefix("speed_"): pid for name, pid in launchers.items()},
                 out / "host_samples",
             )
             if args.host_samples
@@ -485,6 +491,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 # What is measured so far, in case the run is cut (a device command's limit).
                 write_result(complete=False)
         metrics = {name: s.get("/metrics") for name, s in servers.items()}
+        gpu_memory["measured"] = servers_mib(launchers)
     finally:
         stop_all(servers)
     for name, text in metrics.items():
