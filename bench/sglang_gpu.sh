@@ -13,7 +13,8 @@
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
 #                ddtree, ddtree-64, ddtree-rank, ddtree-rank-64, ddtree-kimi-16, ddtree-kimi, kimi;
 #                default eagle): validate == off, the parity gate (not the ddtree-rank* and
-#                ddtree-kimi-16 families: validate == off alone, four servers at 0.2);
+#                ddtree-kimi-16 families: validate == off alone, four servers at 0.2; the
+#                ddtree-kimi families cap their pools and run at 0.5);
 #                the families start at once, and each server takes its family's static fraction of
 #                what the card has free (seven servers at 0.07-0.09 for the tiny ones): one tiny
 #                family fits an H100, two did not; E2E_SEQUENTIAL=1 runs them one after another

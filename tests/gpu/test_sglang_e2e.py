@@ -65,6 +65,7 @@ from kdtree_bench.e2e.sglang_servers import (  # noqa: E402
     POOLS_WAIT_S,
     PRESET_MEM_FRACTION,
     ServerSpec,
+    kv_pool_cap,
     start_all,
     stop_all,
 )
@@ -91,6 +92,11 @@ class E2EConfig:
     # counts the weights against each server's fraction, so the fractions sized on an H200 leave
     # a smaller card's later starts no KV cache; such a family refuses the card up front.
     min_gpu_gib: float = 0
+    # Cap every server's KV pool at what the family's requests hold (SGLang's --max-total-tokens,
+    # as the speed harness's --kv-tokens auto): a capped server then holds its weights, its pool
+    # and its graphs rather than its whole fraction of what it found free, so the later starts
+    # keep room.
+    kv_cap: bool = False
     # ServerSpec keywords of an A/A' floor server (off, the same weights, computed an equivalent
     # but not bit-identical way); the gate then judges its candidates by their excess over it.
     # Another draft shape is exact for greedy decoding (the target's tokens do not depend on the
@@ -143,9 +149,19 @@ class E2EConfig:
 
 # A ragged batch whose longest row takes the batched verify 45k tokens deep.
 LONG_BATCH = (17, 40, 64, 96, 128, 200, 333, 45000)
-# Five kimi-rank servers at once, each needing 0.3 of an H100 (23 GiB: SGLang refused 0.16 there,
-# the target's and draft's 163,840-token embeddings and heads being most of it).
-KIMI_RANK_FAMILY_GIB = 120
+# Kimi K2's rank: 163,840-token embeddings and heads make its 4-layer servers 5.8 GiB of weights
+# with the DFlash draft and 10.0 with EAGLE's NextN (which loads its own), so uncapped fractions
+# sized for an H200 left an H100's later starts no room (e2e 43: "raise above 0.299"). Capped,
+# SGLang sizes a pool before capture as min(cap, P x f - W) and never shrinks it after (the
+# memory plan's reading, docs/development.md), so f only has to give the last server, starting
+# with the least free (P), its cap: the gated DDTree family's fifth server, its EAGLE floor,
+# finds about 77.85 - 4 x (5.8 + 1.6 + G) GiB free on an H100, and 0.5 x that covers its 10.3
+# GiB for G (graphs, activations, context) up to 6.9; its five servers hold about
+# 4 x (7.4 + G) + (10.3 + G) GiB, which an H100 holds for G up to 7 (at 3 they leave 23 GiB free).
+# The EAGLE family (`kimi`) stays uncapped at the preset's fraction, on an H200.
+KIMI_RANK_FAMILY_GIB = 79  # an 80 GB H100's 79.6 GiB
+KIMI_RANK_CAPPED_FRACTION = 0.5
+KIMI_RANK_UNCAPPED_GIB = 120
 
 
 # The rank model's attention outputs are larger than O(1): its largest |kernel - triton| is
@@ -154,13 +170,13 @@ KIMI_RANK_FAMILY_GIB = 120
 RANK_VALIDATE_MAX_ABS = 2**-5
 
 
-def _ddtree_validate_only(preset: str, budget: int, **more) -> E2EConfig:
-    """DDTree at ``budget`` on ``preset``, checked for validate == off alone (four servers at
-    0.2, no gate), graphs and eager, on the batch that reaches 45k tokens."""
+def _ddtree_validate_only(preset: str, budget: int, mem_fraction: float = 0.2, **more) -> E2EConfig:
+    """DDTree at ``budget`` on ``preset``, checked for validate == off alone (four servers, no
+    gate), graphs and eager, on the batch that reaches 45k tokens."""
     return E2EConfig(
         preset,
         {"speculation": "ddtree", "budget": budget},
-        mem_fraction=0.2,
+        mem_fraction=mem_fraction,
         gate=False,
         batch_lengths=LONG_BATCH,
         **more,
@@ -191,14 +207,21 @@ CONFIGS = {
     # rank at 16 (its gate runs at 64, below): validate == off on the 45k batch.
     "ddtree-rank": _ddtree_validate_only("rank", 16, validate_max_abs=RANK_VALIDATE_MAX_ABS),
     "ddtree-rank-64": _ddtree_validate_only("rank", 64, validate_max_abs=RANK_VALIDATE_MAX_ABS),
-    "ddtree-kimi-16": _ddtree_validate_only("kimi-rank", 16, min_gpu_gib=KIMI_RANK_FAMILY_GIB),
+    "ddtree-kimi-16": _ddtree_validate_only(
+        "kimi-rank",
+        16,
+        mem_fraction=KIMI_RANK_CAPPED_FRACTION,
+        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
+        kv_cap=True,
+    ),
     # DDTree on Kimi K2's rank at budget 64, one batch reaching 45k tokens beside short rows.
     "ddtree-kimi": E2EConfig(
         "kimi-rank",
         {"speculation": "ddtree", "budget": 64},
         eager_pair=False,
-        mem_fraction=PRESET_MEM_FRACTION["kimi-rank"],
+        mem_fraction=KIMI_RANK_CAPPED_FRACTION,
         min_gpu_gib=KIMI_RANK_FAMILY_GIB,
+        kv_cap=True,
         floor={"speculation": "chain"},
         policy=MODELS / "parity_policy_kimi_rank.yaml",
         batch_lengths=LONG_BATCH,
@@ -208,7 +231,7 @@ CONFIGS = {
         {},
         eager_pair=False,
         mem_fraction=PRESET_MEM_FRACTION["kimi-rank"],
-        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
+        min_gpu_gib=KIMI_RANK_UNCAPPED_GIB,
         floor={"speculation": "chain"},
         policy=MODELS / "parity_policy_kimi_rank.yaml",
     ),
@@ -254,7 +277,21 @@ def models(tmp_path_factory) -> dict[int, tuple[Path, Path | None]]:
             draft = tmp_path_factory.mktemp(f"{CONFIG.preset}_seed{seed}_dflash")
             make_dflash_draft.write_draft(path, draft, seed=seed)
         made[seed] = (path, draft)
+    # The servers size themselves from the free memory: give back the writer's cached blocks.
+    torch.cuda.empty_cache()
     return made
+
+
+# The most tokens a request of this file generates (the DDTree accept test's; the policies' 48).
+MAX_NEW_TOKENS = 64
+
+
+def family_kv_cap(verify_width: int) -> int:
+    """A capped pool for a server verifying ``verify_width`` tokens a step: the ragged batch, the
+    largest set of requests held at once (every other request runs alone and is shorter), with
+    its generations and speculative slots, plus kv_pool_cap's slack."""
+    lengths = CONFIG.batch_lengths
+    return kv_pool_cap(sum(lengths) + len(lengths) * (MAX_NEW_TOKENS + 2 * verify_width))
 
 
 def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
@@ -263,7 +300,7 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
         env = {"KDTREE_VALIDATE_EVERY": "10"}
         target, draft = models[seed]
         server = {**CONFIG.server, **kw}
-        return ServerSpec(
+        made = ServerSpec(
             name,
             mode,
             target,
@@ -275,6 +312,9 @@ def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
             env=env,
             **server,
         )
+        if not CONFIG.kv_cap:
+            return made
+        return dataclasses.replace(made, kv_tokens=family_kv_cap(made.verify_width))
 
     specs = [spec("off", "off")]
     if CONFIG.gate:  # the parity gate's three first, in the first wave of starts
