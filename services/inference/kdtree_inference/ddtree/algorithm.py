@@ -216,9 +216,9 @@ def register() -> None:
         return
 
     def create_worker(server_args: Any) -> type:
-        from .worker import ddtree_worker_class
+        from .worker import DDTreeWorker
 
-        return ddtree_worker_class()
+        return DDTreeWorker
 
     SpeculativeAlgorithm.register(NAME, supports_overlap=False, spec_class=_spec_class())(
         create_worker
