@@ -1,8 +1,6 @@
-"""Cases for ``compute-sanitizer --tool memcheck`` (not a pytest module: run under the sanitizer).
-
-Covers ragged prefixes (including 0 and 1), prefix-free batches, a split tail, the separate-V
-path, int32 indices, causal and tree masks, the multi-split combine, and an fp8 KV pool. Exits non-zero if any
-output is non-finite; the sanitizer's own exit code reports memory errors.
+"""``kdtree_bench.kernel.cases.EDGE_CASES`` for ``compute-sanitizer`` (not a pytest module: run
+under the sanitizer), every fp8 case in both numerics. Exits non-zero if any output is
+non-finite; the sanitizer's own exit code reports memory errors.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python tests/gpu/kernel_sanitize_cases.py [--fp8]
 """
@@ -13,36 +11,23 @@ import sys
 
 import torch
 
+from kdtree_bench.kernel.cases import EDGE_CASES, is_fp8, numerics_modes
 from kdtree_verify import verify_attention
 from kdtree_verify.testing import make_case
-
-CASES = [
-    ((0,), 1, 8, {}),
-    ((0, 0, 0), 5, 16, {"mask": "causal"}),
-    ((4097, 0, 65, 1), 7, 12, {}),
-    ((1, 63, 64, 65), 13, 8, {"index_dtype": torch.int32, "strided_v": False}),
-    ((20000,), 16, 16, {"mask": "chain"}),
-    ((300, 5), 64, 128, {}),
-    # fp8 (float8_e4m3fn) pool: register-staged rows, ragged, a split tail, the draft block
-    ((4097, 0, 65, 1), 7, 12, {"kv_dtype": torch.float8_e4m3fn, "k_scale": 0.75, "v_scale": 1.25}),
-    ((20000,), 16, 16, {"kv_dtype": torch.float8_e4m3fn, "mask": "chain", "strided_v": False}),
-    ((1, 63, 64, 65), 13, 8, {"kv_dtype": torch.float8_e4m3fn, "index_dtype": torch.int32}),
-]
 
 
 def main(argv: list[str]) -> int:
     """All cases, or with ``--fp8`` only the fp8-pool ones."""
     fp8_only = "--fp8" in argv
     bad = 0
-    for prefix_lens, num_draft, num_heads, kwargs in CASES:
-        if fp8_only and "kv_dtype" not in kwargs:
+    for spec in EDGE_CASES:
+        if fp8_only and not is_fp8(spec):
             continue
+        prefix_lens, num_draft, num_heads, kwargs = spec
         case = make_case(
             prefix_lens, num_draft, num_heads, dtype=torch.bfloat16, device="cuda", **kwargs
         )
-        # An fp8 pool in both numerics modes (fp8_numerics="triton" adds the row-max pass).
-        modes = ("fp16", "triton") if "kv_dtype" in kwargs else ("fp16",)
-        for numerics in modes:
+        for numerics in numerics_modes(spec):
             out, lse = verify_attention(
                 *case.args(), return_lse=True, fp8_numerics=numerics, **case.scales()
             )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdtree_bench.kernel import kernel_bench, output_bits
+from kdtree_bench.kernel import cases, kernel_bench, output_bits
 
 
 def _record(shape: tuple[int, int, int, int]) -> dict:
@@ -167,3 +167,14 @@ def test_output_bits_tells_a_one_bit_change_from_identical_outputs(capsys) -> No
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("identical  a fp16") and lines[1].startswith("DIFFERENT  a triton")
     assert output_bits.compare(saved, {"a fp16": (out, lse)}) == 2
+
+
+def test_output_bits_names_every_case_and_numerics_apart() -> None:
+    """Results are keyed by name: two cases of one name would hide one from the comparison."""
+    names = [
+        f"{output_bits.case_name(*spec)} {numerics}"
+        for spec in output_bits.CASES
+        for numerics in cases.numerics_modes(spec)
+    ]
+    assert len(set(names)) == len(names)
+    assert len(names) == len(output_bits.CASES) + sum(map(cases.is_fp8, output_bits.CASES))

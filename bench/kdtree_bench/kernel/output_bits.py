@@ -9,9 +9,10 @@ one build's outputs and comparing the other's, through ``bench/ab_kernels.sh`` o
     bench/ab_kernels.sh with HEAD python3 -m kdtree_verify._build
     bench/ab_kernels.sh with HEAD python3 -m kdtree_bench.kernel.output_bits --against /tmp/base.pt
 
-Every case runs in each numerics a pool supports (bf16: the kernel; fp8: ``fp16`` and
-``triton``). Exit 1 when any output or LSE differs in a single bit (each difference printed with
-its largest absolute value), 2 on a case list that does not match the saved one.
+Every case runs in each numerics its pool supports (``cases.numerics_modes``: an fp8 pool's
+``fp16`` and ``triton``; a bf16 pool's one, named ``fp16``). Exit 1 when any output or LSE
+differs in a single bit (each difference printed with its largest absolute value), 2 on a case
+list that does not match the saved one.
 """
 
 from __future__ import annotations
@@ -22,19 +23,14 @@ from pathlib import Path
 
 import torch
 
+from kdtree_bench.kernel.cases import EDGE_CASES, FP8, Case, numerics_modes
 from kdtree_verify import verify_attention
 from kdtree_verify.testing import make_case
 
-FP8 = torch.float8_e4m3fn
-# (prefix lengths, draft tokens, heads, make_case options): ragged batches, split tails, causal
-# and tree masks, the shapes the fp8 benchmarks time (B=8, H=8, T=8, 32k; the rank's 16 heads).
-CASES: list[tuple[tuple[int, ...], int, int, dict]] = [
-    ((4097, 0, 65, 1), 7, 12, {}),
-    ((20000,), 16, 16, {"mask": "chain"}),
-    ((300, 5), 64, 128, {}),
-    ((4097, 0, 65, 1), 7, 12, {"kv_dtype": FP8, "k_scale": 0.75, "v_scale": 1.25}),
-    ((20000,), 16, 16, {"kv_dtype": FP8, "mask": "chain", "strided_v": False}),
-    ((1, 63, 64, 65), 13, 8, {"kv_dtype": FP8, "index_dtype": torch.int32}),
+# The sanitizer's edge cases, then the shapes the fp8 benchmarks time (B=8, H=8, T=8, 32k; the
+# rank's 16 heads and DFlash's block at 1k and 128k).
+CASES: list[Case] = [
+    *EDGE_CASES,
     ((1024,), 16, 16, {"kv_dtype": FP8, "mask": "causal", "k_scale": 0.5, "v_scale": 0.25}),
     ((32768,) * 8, 8, 8, {"kv_dtype": FP8, "k_scale": 0.5, "v_scale": 0.25}),
     ((131072,), 16, 16, {"kv_dtype": FP8, "mask": "causal", "k_scale": 0.5, "v_scale": 0.25}),
@@ -54,14 +50,15 @@ def case_name(prefix_lens: tuple[int, ...], draft: int, heads: int, options: dic
 def run_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Every case's (out, lse), copied to the host, keyed by case and numerics."""
     results = {}
-    for prefix_lens, draft, heads, options in CASES:
+    for spec in CASES:
+        prefix_lens, draft, heads, options = spec
         case = make_case(
             prefix_lens, draft, heads, dtype=torch.bfloat16, device="cuda", seed=1, **options
         )
-        fp8 = options.get("kv_dtype") == FP8
-        for numerics in ("fp16", "triton") if fp8 else ("bf16",):
-            kwargs = {"fp8_numerics": numerics} if fp8 else {}
-            out, lse = verify_attention(*case.args(), return_lse=True, **case.scales(), **kwargs)
+        for numerics in numerics_modes(spec):
+            out, lse = verify_attention(
+                *case.args(), return_lse=True, fp8_numerics=numerics, **case.scales()
+            )
             torch.cuda.synchronize()
             name = f"{case_name(prefix_lens, draft, heads, options)} {numerics}"
             results[name] = (out.cpu(), lse.cpu())
