@@ -1,4 +1,4 @@
-# the working tree at 9231127 with profile_kernel's fp8 flags (committed as 9ead25b), on one H100 (nvidia-h100-x1), cold start, wall 100.9 s
+# the working tree at 9231127 with profile_kernel's fp8 flags (committed as 9f18bf7), on one H100 (nvidia-h100-x1), cold start, wall 100.9 s
 # bench/sglang_gpu.sh with no phase: the payload, the packages and the kernel built (KDTREE_CUDA_ARCHS=90)
 timeout 110 bash bench/sglang_gpu.sh
 export PYTHONPATH=/tmp/site:$PWD/bench KDTREE_BUILD_DIR=/tmp/kdtree-build KDTREE_CUDA_ARCHS=90 PATH=/tmp/site/bin:$PATH

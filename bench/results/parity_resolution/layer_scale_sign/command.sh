@@ -1,5 +1,5 @@
-# Does a one-layer 2% output scale push the chosen tokens' logprobs one way? At de84075 (the
-# parity code of 9231127), on this machine's CPU (the reference engines) and on
+# Does a one-layer 2% output scale push the chosen tokens' logprobs one way? With the
+# parity code of 9231127, on this machine's CPU (the reference engines) and on
 # e2e 57's stored answers (real SGLang servers, bench/results/sglang_e2e/run57/resolution.tar.xz).
 # 1. The reference engines, 24 prompts of short, against the kv-splits floor (14 s):
 PYTHONPATH=bench .venv/bin/python -m kdtree_bench.e2e.parity_resolution --out /tmp/reslab \
