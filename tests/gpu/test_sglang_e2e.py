@@ -66,6 +66,7 @@ from kdtree_bench.e2e.sglang_servers import (  # noqa: E402
     PRESET_MEM_FRACTION,
     ServerSpec,
     kv_pool_cap,
+    kv_tokens_needed,
     start_all,
     stop_all,
 )
@@ -291,7 +292,7 @@ def family_kv_cap(verify_width: int) -> int:
     largest set of requests held at once (every other request runs alone and is shorter), with
     its generations and speculative slots, plus kv_pool_cap's slack."""
     lengths = CONFIG.batch_lengths
-    return kv_pool_cap(sum(lengths) + len(lengths) * (MAX_NEW_TOKENS + 2 * verify_width))
+    return kv_pool_cap(sum(kv_tokens_needed(1, n, MAX_NEW_TOKENS, verify_width) for n in lengths))
 
 
 def _specs(models: dict[int, tuple[Path, Path | None]]) -> list[ServerSpec]:
@@ -591,7 +592,10 @@ if CONFIG.ddtree:
         """The tree verify commits more than one token per step: the draft's tree is used."""
         running, _ = servers
         prompt = [2 + (i * 7) % 4000 for i in range(256)]
-        body = {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
+        body = {
+            "input_ids": prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS},
+        }
         found = {}
         for name in ("off", "on" if CONFIG.gate else "validate"):
             meta = running[name].post("/generate", body)["meta_info"]
