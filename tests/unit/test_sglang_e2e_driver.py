@@ -400,7 +400,13 @@ if not marker.exists():  # the first start of each server fails, as a memory pro
 time.sleep(1.0)
 """
 POOLS_START = """
-time.sleep(0.2)  # the imports
+# The imports: SGLang's take tens of seconds, longer than the other server's process start
+# however loaded the machine is, so the stand-in's last until both have started (10 s at most).
+deadline = time.monotonic() + 10.0
+while time.monotonic() < deadline and sum(
+    line.startswith("start ") for line in (root / "timeline").read_text().splitlines()
+) < 2:
+    time.sleep(0.05)
 if os.environ.get("KDTREE_START_GATE"):  # where the plugin holds SGLang's scheduler
     from kdtree_inference.sglang.start_gate import hold_until_open
 
