@@ -359,11 +359,11 @@ __device__ __forceinline__ uint32_t p_offset(int row, int chunk) {
 // sums do not).
 //
 // Fp8Numerics::kTriton (an fp8 pool with p.fp8_triton) computes what SGLang's Triton fp8 path
-// computes: q rounded to e4m3, the running max exact after every tile (P <= 1), the prefix's P
-// rounded to e4m3 and the draft's to bf16 before the P V MMA, and each split starting from the
-// running max of every token before it, which the kTritonRowMax pass (the same kernel up to the
-// scores) writes per split into p.row_max first. The operands stay fp16 (every e4m3 value is one,
-// and the products are exact either way), so only the roundings differ from kFp16Operands.
+// computes: q rounded to e4m3, the running max moved on every tile (P <= 1), the prefix's P rounded
+// to e4m3 and the draft's to bf16 before the P V MMA, and each split starting from the running max
+// of every token before it, which the kTritonRowMax pass (the same kernel up to the scores) writes
+// per split into p.row_max first. The operands stay fp16 (every e4m3 value is one, and the products
+// are exact either way), so only the roundings differ from kFp16Operands.
 template <typename Elem, bool kFp8Kv, Fp8Numerics kNum>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyParams p) {
   static_assert(kFp8Kv || kNum == Fp8Numerics::kFp16Operands, "Triton numerics need an fp8 pool");
@@ -833,11 +833,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
 
     // ---- P against the running max. The max is lazy: it only moves (and O and l are only
     // rescaled) when some score of the CTA's tile exceeds it by more than 2^kRescaleLog2; the
-    // vote rides on the barrier that publishes P. kTriton has no slack: the max is the exact
-    // running max after every tile, as Triton's. A tile that raises no row's max would move it
-    // to itself (alpha = 2^0 = 1, O and l unchanged, the same P), so only a rise takes the path.
-    constexpr float kSlackLog2 = kTriton ? 0.f : kRescaleLog2;
-    bool grow = false;
+    // vote rides on the barrier that publishes P. (kTriton: it moves on every tile.)
+    bool grow = kTriton;
     float pv[4];
     auto compute_p = [&]() {
 #pragma unroll
@@ -867,17 +864,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const VerifyPara
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
       }
     };
+    if constexpr (!kTriton) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float limit = piece_of(m_run, h) + kSlackLog2;
-      grow |= fmaxf(sp[2 * h], sp[2 * h + 1]) * scale > limit;
+      for (int h = 0; h < 2; ++h) {
+        const float limit = piece_of(m_run, h) + kRescaleLog2;
+        grow |= fmaxf(sp[2 * h], sp[2 * h + 1]) * scale > limit;
+      }
+      compute_p();
+      store_p();
     }
-    compute_p();
-    store_p();
     if (__syncthreads_or(grow)) {
-      // Rare (the first tile of a CTA, then only when scores jump; kTriton: when one passes the
-      // max): publish the piece row maxima, move every row's max to the tile's, rescale O and l,
-      // and redo P.
+      // Rare (the first tile of a CTA, then only when scores jump): publish the piece row maxima,
+      // move every row's max to the tile's, rescale O and l, and redo P.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = fmaxf(sp[2 * h], sp[2 * h + 1]);
