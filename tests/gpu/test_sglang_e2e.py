@@ -165,9 +165,11 @@ KIMI_RANK_CAPPED_FRACTION = 0.5
 KIMI_RANK_UNCAPPED_GIB = 120
 
 
-# The rank model's attention outputs are larger than O(1): its largest |kernel - triton| is
-# 2**-5 (e2e 50 and 53, budgets 16 and 64, graphs and eager), one bf16 step for |o| in [4, 8), while
-# every element stays inside the backend's tolerance (atol + rtol * |triton|).
+# The rank and kimi-rank models' attention outputs are larger than O(1): their largest
+# |kernel - triton| is 2**-5 (e2e 50, 53 and 58, budgets 16 and 64, graphs and eager), one bf16
+# step for |o| in [4, 8). Every element stays inside the backend's tolerance (atol + rtol *
+# |triton|) on the rank model; on kimi-rank at budget 64 some do not (e2e 58), which
+# test_validate_metrics still fails.
 RANK_VALIDATE_MAX_ABS = 2**-5
 
 
@@ -211,6 +213,7 @@ CONFIGS = {
     "ddtree-kimi-16": _ddtree_validate_only(
         "kimi-rank",
         16,
+        validate_max_abs=RANK_VALIDATE_MAX_ABS,
         mem_fraction=KIMI_RANK_CAPPED_FRACTION,
         min_gpu_gib=KIMI_RANK_FAMILY_GIB,
         kv_cap=True,
@@ -220,6 +223,7 @@ CONFIGS = {
         "kimi-rank",
         {"speculation": "ddtree", "budget": 64},
         eager_pair=False,
+        validate_max_abs=RANK_VALIDATE_MAX_ABS,
         mem_fraction=KIMI_RANK_CAPPED_FRACTION,
         min_gpu_gib=KIMI_RANK_FAMILY_GIB,
         kv_cap=True,
