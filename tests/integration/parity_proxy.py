@@ -49,6 +49,7 @@ class ForwardingProxy:
         self.retry_after = retry_after
         self.rewrite = rewrite
         self.arrived_at: list[float] = []  # monotonic arrival time of every /generate
+        self.generate_spans: list[tuple[float, float]] = []  # (arrived, answered) of each answered
         self.delay_s = delay_s
         self.slow_first = slow_first
         self.generate_bodies: Counter[bytes] = Counter()
@@ -110,9 +111,10 @@ class ForwardingProxy:
                     )
                     await writer.drain()
                     continue
+                arrived = time.monotonic()
                 if path == "/generate":
                     self.generate_bodies[body] += 1
-                    self.arrived_at.append(time.monotonic())
+                    self.arrived_at.append(arrived)
                     if self.on_generate is not None:
                         self.on_generate(self.attempts)
                     if self.generate_bodies[body] <= self.slow_first:
@@ -147,6 +149,8 @@ class ForwardingProxy:
                 )
                 writer.write(head.encode() + content)
                 await writer.drain()
+                if path == "/generate":
+                    self.generate_spans.append((arrived, time.monotonic()))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:

@@ -173,6 +173,49 @@ def test_speed_is_the_sidecars_own_clock(servers, tmp_path: Path) -> None:
             proxy.close()
 
 
+def _overlap(spans: list[tuple[float, float]]) -> bool:
+    """Whether any two of these (start, end) spans are in flight at once."""
+    busy_until = float("-inf")
+    for start, end in sorted(spans):
+        if start < busy_until:
+            return True
+        busy_until = max(busy_until, end)
+    return False
+
+
+def test_targets_in_turn_are_each_timed_alone(servers, tmp_path: Path) -> None:
+    """Targets that share a GPU: asked at once, each one's rate is its share of the contended
+    device (e2e 58). With ``replay.targets_in_turn`` no two requests of the run are ever in
+    flight together; without it the targets' requests overlap (each first answer held 0.3 s)."""
+    for in_turn in (False, True):
+        run = tmp_path / f"in_turn_{in_turn}"
+        run.mkdir()
+        corpus, policy = write_inputs(run, 3, targets_in_turn=in_turn)
+        proxies = [
+            ForwardingProxy(servers[name], delay_s=0.3, slow_first=1)
+            for name in ("baseline", "floor", "op")
+        ]
+        try:
+            baseline, floor, candidate = (proxy.url for proxy in proxies)
+            done = run_gate(
+                baseline,
+                candidate,
+                corpus,
+                policy,
+                run / "out",
+                run / "runs.sqlite3",
+                "--floor",
+                floor,
+            )
+        finally:
+            for proxy in proxies:
+                proxy.close()
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        spans = [span for proxy in proxies for span in proxy.generate_spans]
+        assert all(proxy.generate_spans for proxy in proxies) and len(spans) >= 9, spans
+        assert _overlap(spans) is not in_turn, (in_turn, sorted(spans))
+
+
 def test_reference_targets_that_cannot_be_trusted_leave_the_run_undecided(
     servers, tmp_path: Path
 ) -> None:

@@ -80,6 +80,12 @@ class ReplaySettings(_Strict):
     concurrency: int = Field(
         _default("replay", "concurrency"), ge=1, le=256, description="requests in flight per target"
     )
+    targets_in_turn: bool = Field(
+        _default("replay", "targets_in_turn"),
+        description="one request in flight in the whole run, never two targets at once: for targets "
+        "that share a GPU, whose decode rates (the speed rule's) would otherwise measure their "
+        "contention; the replay then takes about as many times longer as there are targets",
+    )
     timeout_s: float = Field(
         _default("replay", "timeout_s"), gt=0, description="per-request timeout, seconds"
     )

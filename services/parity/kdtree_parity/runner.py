@@ -322,6 +322,8 @@ class _Run:
     breaker: _Breaker
     stop: asyncio.Event
     progress: ProgressCallback | None
+    # Held around every request when the policy asks for the targets in turn (shared GPU).
+    turn: asyncio.Lock | None = None
 
     @property
     def run_id(self) -> str:
@@ -356,7 +358,8 @@ async def _open_run(
     role_client = {key: by_key[key] for key in ALL_ROLES if key in record.targets}
     stop = asyncio.Event()
     breaker = _Breaker(policy.replay.max_consecutive_transport_errors, stop)
-    return _Run(store, record, corpus, policy, clients, role_client, breaker, stop, progress)
+    turn = asyncio.Lock() if policy.replay.targets_in_turn else None
+    return _Run(store, record, corpus, policy, clients, role_client, breaker, stop, progress, turn)
 
 
 async def _replay_and_decide(
@@ -434,7 +437,7 @@ async def _replay_prompt(run: _Run, entry: CorpusEntry) -> PromptResult | None:
     path, body = build_request(entry, run.policy.replay)
 
     async def ask(client: TargetClient) -> Outcome | None:
-        async with client.slot:
+        async with client.slot, run.turn or contextlib.nullcontext():
             if run.stop.is_set():
                 return None
             outcome = await client.generate(body, path)
