@@ -147,10 +147,11 @@ class ForwardingProxy:
                     f"content-type: {resp.headers.get('content-type', 'text/plain')}\r\n"
                     f"content-length: {len(content)}\r\n\r\n"
                 )
+                if path == "/generate":  # stamped before the answer leaves: the client's next
+                    # request can only follow it, whenever this thread runs again
+                    self.generate_spans.append((arrived, time.monotonic()))
                 writer.write(head.encode() + content)
                 await writer.drain()
-                if path == "/generate":
-                    self.generate_spans.append((arrived, time.monotonic()))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except asyncio.CancelledError:
