@@ -11,9 +11,9 @@
 #                and SGLang's real code; TESTS_ONLY=FILE: the test ids listed there), then
 #                `kdtree-selfcheck` as an operator runs it (its reports in $OUT/selfcheck)
 #   correctness  tests/gpu/test_sglang_e2e.py per family in E2E_CONFIGS (eagle, eagle-fp8, dflash,
-#                ddtree, ddtree-64, ddtree-rank, ddtree-rank-64, ddtree-kimi-16, ddtree-kimi, kimi;
-#                default eagle): validate == off, the parity gate (not the ddtree-rank* and
-#                ddtree-kimi-16 families: validate == off alone, four servers at 0.2; the
+#                ddtree, ddtree-64, ddtree-rank, ddtree-rank-64, ddtree-kimi-16, ddtree-kimi-64,
+#                ddtree-kimi, kimi; default eagle): validate == off, the parity gate (not the
+#                ddtree-rank* and ddtree-kimi-16/-64 families: validate == off alone, four servers; the
 #                ddtree-kimi families cap their pools and run at 0.5);
 #                the families start at once, and each server takes its family's static fraction of
 #                what the card has free (seven servers at 0.07-0.09 for the tiny ones): one tiny

@@ -21,9 +21,9 @@ on_seed1           on        yes          other weights: the gate must FAIL
 off_floor          off       yes          the A/A' floor: off with EAGLE's chain
 =================  ========  ===========  ===========================================
 
-Every family but ``ddtree-rank``, ``ddtree-rank-64`` and ``ddtree-kimi-16`` gates against an A/A'
-floor; ``eagle``'s floor is its ``off_chain`` server. A DFlash family's floor runs EAGLE's chain on
-the same target: greedy tokens do not depend on the draft. Those three run no gate (no on,
+Every family but ``ddtree-rank``, ``ddtree-rank-64``, ``ddtree-kimi-16`` and ``ddtree-kimi-64``
+gates against an A/A' floor; ``eagle``'s floor is its ``off_chain`` server. A DFlash family's floor runs EAGLE's chain on
+the same target: greedy tokens do not depend on the draft. Those four run no gate (no on,
 on_seed1 or off_floor): they check validate == off on other presets and budgets.
 
 Every request is greedy with logprobs. Each pair gets the same requests in the same order: one
@@ -213,6 +213,15 @@ CONFIGS = {
     "ddtree-kimi-16": _ddtree_validate_only(
         "kimi-rank",
         16,
+        validate_max_abs=RANK_VALIDATE_MAX_ABS,
+        mem_fraction=KIMI_RANK_CAPPED_FRACTION,
+        min_gpu_gib=KIMI_RANK_FAMILY_GIB,
+        kv_cap=True,
+    ),
+    # Its eager pair at 64 (the gated family below runs five servers and no eager pair).
+    "ddtree-kimi-64": _ddtree_validate_only(
+        "kimi-rank",
+        64,
         validate_max_abs=RANK_VALIDATE_MAX_ABS,
         mem_fraction=KIMI_RANK_CAPPED_FRACTION,
         min_gpu_gib=KIMI_RANK_FAMILY_GIB,
