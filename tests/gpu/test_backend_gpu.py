@@ -221,7 +221,7 @@ def test_marshal_and_kernel_capture_and_replay(plan_in_graph):
 def test_comparison_and_shadow_gate_replay_in_a_graph():
     """The validate/shadow bookkeeping records on replay, only when the gate is open."""
     batch, num_draft, num_heads = 4, 8, 16
-    recorder = ComparisonRecorder(1, 0, DEVICE, atol=0.02, rtol=0.02)
+    recorder = ComparisonRecorder(1, 0, DEVICE, atol=0.02, rtol=0.02, value_dim=512)
     gate = ShadowGate(batch, DEVICE)
     kernel_out = torch.zeros(batch * num_draft, num_heads, 512, dtype=DTYPE, device=DEVICE)
     triton_out = torch.zeros_like(kernel_out)
@@ -247,6 +247,44 @@ def test_comparison_and_shadow_gate_replay_in_a_graph():
     (stats,) = recorder.collect()
     assert stats.compared == 2 * kernel_out.numel()
     assert stats.max_abs == 1.0 and stats.over_tolerance == 2 * kernel_out.numel()
+
+
+def test_value_scale_refreshed_outside_a_graph_reaches_its_replays():
+    """The per-dimension floor under a graph: the captured ``record`` reads the scale the
+    refresh writes in place between replays, and the step's new values it was captured with."""
+    tokens, num_heads = 8, 16
+    recorder = ComparisonRecorder(1, 0, DEVICE, atol=0.02, rtol=0.02, value_dim=512)
+    triton_out = torch.full((tokens, num_heads * 512), 0.25, dtype=DTYPE, device=DEVICE)
+    kernel_out = triton_out + 0.03125  # over the plain floor 0.02 + 0.02 * 0.25
+    new_values = torch.zeros(tokens, 1, 512, dtype=DTYPE, device=DEVICE)
+    gate = torch.ones((), dtype=torch.bool, device=DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        recorder.record(0, kernel_out, triton_out, gate=gate, new_values=new_values)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorder.record(0, kernel_out, triton_out, gate=gate, new_values=new_values)
+    recorder.snapshot()
+    torch.cuda.synchronize()
+    recorder.collect()  # drop warm-up/capture state
+
+    def over_after_replay() -> int:
+        graph.replay()
+        recorder.snapshot()
+        torch.cuda.synchronize()
+        (stats,) = recorder.collect()
+        return stats.over_tolerance
+
+    elements = kernel_out.numel()
+    assert over_after_replay() == elements  # never refreshed: the plain atol
+    pool = torch.zeros(4096, 1, 576, dtype=torch.float8_e4m3fn, device=DEVICE)
+    pool[1000, 0, :256] = 3.0  # times v_scale 2: 6 in the first 256 latent dimensions
+    recorder.refresh_value_scale(0, pool[..., :512], v_scale=2.0)
+    assert over_after_replay() == elements // 2
+    new_values[3, 0, 256:] = -8.0  # the step's new rows widen the other half
+    assert over_after_replay() == 0
 
 
 def test_eager_plans_are_bounded_and_graph_plans_kept():

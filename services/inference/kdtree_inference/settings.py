@@ -73,9 +73,12 @@ class InferenceSettings(EnvSettings):
     verify_atol: float | None = Field(
         None,
         ge=0.0,
-        description="an element is over tolerance when not |kernel − triton| <= atol + "
-        "rtol·|triton|; unset: by the KV pool, `0.02` bf16, `0.125` fp8 (one e4m3 step of an "
-        "attention weight, docs/kernel-fp8.md)",
+        description="an element is over tolerance when not |kernel − triton| <= atol·max(1, s) "
+        "+ rtol·|triton|, s the largest |value| of the element's latent dimension in the KV pool "
+        "and the step's new rows (the SGLang backend: rounding one attention weight moves the "
+        "output by that rounding times a value; the engine's validate takes atol as is); unset: "
+        "by the KV pool, `0.02` bf16, `0.125` fp8 (one e4m3 step of an attention weight, "
+        "docs/kernel-fp8.md)",
     )
     verify_rtol: float = Field(
         0.02, ge=0.0, description="the relative part of that tolerance (see `KDTREE_VERIFY_ATOL`)"

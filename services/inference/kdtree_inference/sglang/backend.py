@@ -67,6 +67,13 @@ KERNEL_DTYPES = {
 }
 
 
+def _descales(layer: Any) -> tuple[float, float]:
+    """The parent's k_descale / v_descale: the layer's scales when it has both, else 1.0."""
+    if layer.k_scale is not None and layer.v_scale is not None:
+        return layer.k_scale_float, layer.v_scale_float
+    return 1.0, 1.0
+
+
 class KdtreeTritonAttnBackend(TritonAttnBackend):
     """SGLang's "triton" attention backend, with target verify served per KDTREE_VERIFY."""
 
@@ -146,6 +153,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             device=self.kdtree_device,
             atol=settings.atol,
             rtol=settings.rtol,
+            value_dim=V_DIM,
             validate_every=settings.validate_every,
             # Validate with an fp8 pool: each side's error against the exact computation on the
             # stored values (the kernel's fp16-operand mode), so an operator sees which is closer.
@@ -162,6 +170,9 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         # batch size of a captured graph -> {layer_id: route}; route = "kernel" or a reason.
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
+        # layer_id -> what the kernel multiplies the layer's stored values by (its v_descale),
+        # noted the first time the layer is seen; the comparison's value scale needs it.
+        self._kdtree_v_scales: dict[int, float] = {}
 
     def _kdtree_log_set_up(self, is_draft: bool) -> None:
         # The pid shows which process built the backend: a scheduler, never the launcher.
@@ -252,6 +263,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         self.kdtree_telemetry.verify_steps(graph_replay=phase is Phase.REPLAY)
         shadow_every = self.kdtree_settings.shadow_every
         self._kdtree_shadow_now = bool(shadow_every) and self.kdtree_step % shadow_every == 0
+        self._kdtree_refresh_value_scales()
         if phase is Phase.REPLAY:
             self._kdtree_refresh_plan(batch_size)
             self._kdtree_count_replay(batch_size)
@@ -261,6 +273,35 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
                     self._kdtree_shadow_now, self.qo_indptr[:rows], self.kv_indptr[:rows]
                 )
         self._kdtree_publish()
+
+    def _kdtree_refresh_value_scales(self) -> None:
+        """Before a forward that compares (every validate step, a shadowed ``on`` step): the
+        recorders' per-dimension value scales from this backend's KV pool, outside any graph.
+
+        Only those steps pay for the scan; the rows this forward adds are covered in ``record``
+        by its ``new_values``.
+        """
+        comparison = self.kdtree_comparison
+        if comparison is None or not (
+            self.kdtree_settings.mode is VerifyMode.VALIDATE or self._kdtree_shadow_now
+        ):
+            return
+        comparison.refresh_value_scales(
+            self.token_to_kv_pool.get_value_buffer, self._kdtree_value_read_scale
+        )
+
+    def _kdtree_value_read_scale(self, layer_id: int) -> float | None:
+        """What the kernel multiplies layer ``layer_id``'s stored values by; None if not known.
+
+        With an fp8 pool the stored values are V / v_scale and the kernel reads them times the
+        layer's v_scale, noted when the layer is first seen (before that: None, the layer's
+        scale is left as it is). A pool of the compute dtype is served only unscaled
+        (``_kdtree_layer_reason``), so there it is 1.0.
+        """
+        known = self._kdtree_v_scales.get(layer_id)
+        if known is not None or self.token_to_kv_pool.dtype == FP8_KV_DTYPE:
+            return known
+        return 1.0
 
     def _kdtree_refresh_plan(self, batch_size: int) -> None:
         """Re-plan the captured kernel calls from the static buffers the parent just refilled."""
@@ -318,6 +359,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         key = (layer.layer_id, q.dtype)
         if key not in self._kdtree_reason_cache:
             self._kdtree_reason_cache[key] = self._kdtree_layer_reason(q.dtype, layer)
+            self._kdtree_v_scales[layer.layer_id] = _descales(layer)[1]
         return self._kdtree_reason_cache[key]
 
     def _kdtree_layer_reason(self, dtype: torch.dtype, layer: Any) -> str | None:
@@ -380,8 +422,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         layer: Any,
         fp8_numerics: str | None = None,
     ):
-        # The parent's k_descale / v_descale: the layer's scales when it has both, else 1.0.
-        scaled = layer.k_scale is not None and layer.v_scale is not None
+        k_scale, v_scale = _descales(layer)
         out = _verify_layer(
             self._kdtree_inputs(),
             q.view(-1, layer.tp_q_head_num, QK_DIM),
@@ -390,8 +431,8 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             scaled_softmax(self.kdtree_fault, layer.scaling),
-            k_scale=layer.k_scale_float if scaled else 1.0,
-            v_scale=layer.v_scale_float if scaled else 1.0,
+            k_scale=k_scale,
+            v_scale=v_scale,
             fp8_numerics=fp8_numerics or self.kdtree_settings.fp8_numerics,
         )
         return out.view(out.shape[0], -1)
@@ -449,15 +490,18 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
             self._kdtree_note_route(layer.layer_id, "invalid_inputs")
             return served
         self._kdtree_note_route(layer.layer_id, KERNEL_ROUTE)
-        self.kdtree_recorder.record(layer.layer_id, kernel_out, served)
+        new_values = v.view(-1, V_DIM)
+        self.kdtree_recorder.record(layer.layer_id, kernel_out, served, new_values=new_values)
         if self.kdtree_exact_recorders:
             exact = (
                 kernel_out
                 if self.kdtree_settings.fp8_numerics == "fp16"
                 else self._kdtree_kernel(q, k, v, layer, fp8_numerics="fp16")
             )
-            self.kdtree_exact_recorders["triton"].record(layer.layer_id, served, exact)
-            self.kdtree_exact_recorders["kdtree"].record(layer.layer_id, kernel_out, exact)
+            for side, out in (("triton", served), ("kdtree", kernel_out)):
+                self.kdtree_exact_recorders[side].record(
+                    layer.layer_id, out, exact, new_values=new_values
+                )
         return served
 
     def _kdtree_serve(self, q, k, v, layer, forward_batch, save_kv_cache):
@@ -489,6 +533,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
                 kernel_out,
                 triton_out,
                 gate=gate.open if capturing and gate is not None else None,
+                new_values=v.view(-1, V_DIM),
             )
         attn_out = getattr(forward_batch, "_attn_output", None)
         if attn_out is not None:

@@ -18,8 +18,9 @@ kdtree_verify_graph_replays_total               counter of those, CUDA-graph rep
 kdtree_verify_kernel_calls_total                counter layer calls the kdtree kernel computed
 kdtree_verify_fallbacks_total{reason}           counter verify layer calls left to Triton, by why
 kdtree_verify_max_abs_error{layer}              gauge   max |kernel - triton| in the last window
-kdtree_verify_max_rel_error{layer}              gauge   max |kernel - triton| / (|triton| + atol)
-kdtree_verify_over_tolerance_total{layer}       counter output elements over tolerance
+kdtree_verify_max_rel_error{layer}              gauge   max |kernel - triton| / (|triton| + atol')
+kdtree_verify_over_tolerance_total{layer}       counter output elements over tolerance: |kernel -
+                                                        triton| > atol' + rtol * |triton|
 kdtree_verify_compared_elements_total           counter output elements compared
 kdtree_verify_publishes_total                   counter comparison windows published
 kdtree_verify_shadow_errors_total               counter on mode: runs of KDTREE_SHADOW_ERROR_STREAK
@@ -28,6 +29,10 @@ kdtree_verify_max_abs_error_vs_exact{side,      gauge   validate, fp8 pool: max 
 layer}                                                  the last window, side triton or kdtree,
                                                         exact the kernel's fp16-operand mode
 =============================================== ======= =========================================
+
+atol' is atol scaled per latent dimension, atol * max(1, largest |value| of that dimension in the
+KV pool and the step's new rows), in the SGLang backend (``comparison``), and atol itself in the
+reference engine's validate.
 
 EAGLE's draft-extend forward, when the kernel serves it too (``KDTREE_DRAFT_EXTEND``), reports
 the same metrics under the prefix ``kdtree_draft_extend_`` instead of ``kdtree_verify_`` (its
@@ -124,14 +129,16 @@ def _metrics(registry: Any | None, prefix: str = "kdtree_verify") -> _Metrics:
         ),
         max_rel=Gauge(
             f"{prefix}_max_rel_error",
-            "Max |kernel - triton| / (|triton| + atol) over the last published window",
+            "Max |kernel - triton| / (|triton| + atol) over the last published window (the "
+            "SGLang backend's atol is times max(1, the largest |value|) per latent dimension)",
             ["layer", *rank],
             registry=registry,
             multiprocess_mode="mostrecent",
         ),
         over_tolerance=Counter(
             f"{prefix}_over_tolerance",
-            "Output elements where |kernel - triton| > atol + rtol * |triton|",
+            "Output elements where |kernel - triton| > atol + rtol * |triton| (the SGLang "
+            "backend's atol is times max(1, the largest |value|) per latent dimension)",
             ["layer", *rank],
             registry=registry,
         ),
@@ -295,7 +302,8 @@ class VerifyTelemetry:
         if shadow_error:
             logger.error(
                 "%s; the kdtree kernel disagreed with Triton beyond tolerance in %d consecutive "
-                "windows (atol=%s rtol=%g)",
+                "windows (atol=%s times max(1, the largest |value|) per latent dimension, "
+                "rtol=%g)",
                 line,
                 self._over_streak,
                 self.settings.atol,
