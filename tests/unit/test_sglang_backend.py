@@ -222,6 +222,46 @@ def test_on_shadow_every_n_steps_in_eager_forwards():
     assert metric(pair.registry, "kdtree_verify_kernel_calls_total") == 4
 
 
+def _pool_value_amax(backend) -> torch.Tensor:
+    """max |value| per latent dimension of every layer's pool rows, [layers, 512]."""
+    pool = backend.token_to_kv_pool
+    return torch.stack(
+        [pool.get_value_buffer(i).float().abs().reshape(-1, 512).amax(0) for i in LAYERS]
+    )
+
+
+def _step_scales(pair: Pair, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager step: (the recorder's value scale once the step's metadata is set up, the pool's
+    amax at that moment), then the step's layers run."""
+    stock_batch, ours_batch = pair.batches(seed=seed)
+    pair.stock.init_forward_metadata(stock_batch.forward_batch)
+    pair.ours.init_forward_metadata(ours_batch.forward_batch)
+    recorder = pair.ours.kdtree_comparison.recorder
+    rows = [i - recorder.first_layer_id for i in LAYERS]
+    scales = (recorder.value_scale[rows].clone(), _pool_value_amax(pair.ours))
+    pair.run_layers(stock_batch, ours_batch, pair.layers)
+    return scales
+
+
+def test_validate_rescans_the_pools_values_before_every_step():
+    pair = Pair(VerifySettings(mode=VerifyMode.VALIDATE, validate_every=1000))
+    for seed in (1, 2, 3):
+        scale, pool_amax = _step_scales(pair, seed)
+        assert pool_amax.max() > 0
+        assert torch.equal(scale, pool_amax)
+
+
+def test_on_rescans_the_pools_values_only_before_shadowed_steps():
+    pair = Pair(VerifySettings(mode=VerifyMode.ON, shadow_every=2, validate_every=1000))
+    scale, _ = _step_scales(pair, seed=1)  # not shadowed: never scanned
+    assert not scale.any()
+    shadowed, pool_amax = _step_scales(pair, seed=2)
+    assert pool_amax.max() > 0
+    assert torch.equal(shadowed, pool_amax)
+    scale, _ = _step_scales(pair, seed=3)  # not shadowed: step 2's scan stays as it was
+    assert torch.equal(scale, shadowed)
+
+
 def unsupported_layers():
     return {
         "logit_cap": testing.make_layer(0, HEADS, logit_cap=30.0),

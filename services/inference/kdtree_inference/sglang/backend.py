@@ -171,7 +171,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         self._kdtree_graph_routes: dict[int, dict[int, str]] = {}
         self._kdtree_reason_cache: dict[tuple[int, torch.dtype], str | None] = {}
         # layer_id -> what the kernel multiplies the layer's stored values by (its v_descale),
-        # noted the first time the layer is seen; the comparison's value scale needs it.
+        # noted where the kernel takes it; the comparison's value scale needs it.
         self._kdtree_v_scales: dict[int, float] = {}
 
     def _kdtree_log_set_up(self, is_draft: bool) -> None:
@@ -294,7 +294,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         """What the kernel multiplies layer ``layer_id``'s stored values by; None if not known.
 
         With an fp8 pool the stored values are V / v_scale and the kernel reads them times the
-        layer's v_scale, noted when the layer is first seen (before that: None, the layer's
+        layer's v_scale, noted when the kernel first serves the layer (before that: None, the layer's
         scale is left as it is). A pool of the compute dtype is served only unscaled
         (``_kdtree_layer_reason``), so there it is 1.0.
         """
@@ -359,7 +359,6 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         key = (layer.layer_id, q.dtype)
         if key not in self._kdtree_reason_cache:
             self._kdtree_reason_cache[key] = self._kdtree_layer_reason(q.dtype, layer)
-            self._kdtree_v_scales[layer.layer_id] = _descales(layer)[1]
         return self._kdtree_reason_cache[key]
 
     def _kdtree_layer_reason(self, dtype: torch.dtype, layer: Any) -> str | None:
@@ -423,6 +422,7 @@ class KdtreeTritonAttnBackend(TritonAttnBackend):
         fp8_numerics: str | None = None,
     ):
         k_scale, v_scale = _descales(layer)
+        self._kdtree_v_scales[layer.layer_id] = v_scale
         out = _verify_layer(
             self._kdtree_inputs(),
             q.view(-1, layer.tp_q_head_num, QK_DIM),
