@@ -638,7 +638,7 @@ def test_several_algorithms_and_budgets_are_refused_when_inconsistent(tmp_path, 
 
 
 STAND_IN_GENERATE = """
-import http.server, json, os, pathlib, sys
+import http.server, json, os, pathlib, sys, time
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
 name = "-".join(
@@ -661,6 +661,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         new = request["sampling_params"]["max_new_tokens"]
         with calls.open("a") as log:
             log.write(f"{name} {new}\\n")
+        if len(calls.read_text().splitlines()) == int(os.environ.get("STAND_IN_HANG_AT", 0)):
+            time.sleep(600)  # a generation the run's time limit cuts
         # An accept length of 2 at DFlash's width and of 4 at DDTree's: -(-new // n) steps.
         per_step = 4 if name.startswith("DDTREE") else 2
         self.answer(json.dumps([
@@ -766,6 +768,68 @@ def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_ord
 
     rows = merge_e2e.merge({"records": []}, [("run1", speed)])["records"]
     assert len({merge_e2e.row_key(r) for r in rows}) == len(rows) == 6
+
+
+def test_a_shape_cut_by_sigint_keeps_the_repetitions_measured(tmp_path) -> None:
+    """SIGINT (the device command's limit, ``timeout -s INT``) while the second repetition of a
+    shape runs: speed.json keeps each server's first repetition, marked cut and incomplete, and
+    every server stops."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    model, draft = tmp_path / "rank", tmp_path / "rank-dflash"
+    model.mkdir()
+    draft.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    (draft / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 63}}))
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(STAND_IN_GENERATE)
+    calls, out = tmp_path / "calls", tmp_path / "out"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
+        "STAND_IN_DIR": str(tmp_path),
+        # Two warm-up calls per server, then one timed call each: the seventh call hangs.
+        "STAND_IN_HANG_AT": "7",
+    }
+    run = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "kdtree_bench.e2e.sglang_e2e", "--model", str(model)),
+            *("--out", str(out), "--draft", str(draft), "--spec", "ddtree", "--budget", "8,64"),
+            *("--modes", "off", "--shapes", "1x32", "--repeats", "2", "--new-tokens", "12"),
+            *("--warmup-tokens", "4"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (calls.exists() and len(calls.read_text().splitlines()) == 7):
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    log, _ = run.communicate(timeout=60)
+    assert run.returncode != 0, log
+    speed = json.loads((out / "speed.json").read_text())
+    assert speed["complete"] is False
+    records = {r["server"]["name"]: r for r in speed["records"]}
+    assert sorted(records) == ["speed_off_b64", "speed_off_b8"]
+    for record in records.values():
+        assert record["repeats"] == 1 and len(record["samples"]) == 1
+        assert record["error"] == "cut after 1 of 2 timed repetitions"
+        assert record["accept_length"] == 4.0
+    # The log keeps the records too (what merge_e2e reads when speed.json is lost).
+    assert len(sglang_e2e.records_in_log(log)) == 2
+    import socket
+
+    for record in records.values():
+        flags = record["server_flags"]
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", int(flags[flags.index("--port") + 1])), 2)
 
 
 RECORD_ARGS = """

@@ -35,7 +35,8 @@ n-th server gets about (1 - f)^(n-1) f of the card: docs/development.md's memory
 ``--max-total-tokens``), so a server takes no more of the card than the run uses and leaves the
 rest to the servers that start after it.
 ``speed.json`` is written again after every shape (``complete`` false until the last one), so a
-run cut by a time limit keeps what it measured. ``bench/kdtree_bench/analysis/merge_e2e.py`` folds the ``speed.json``
+run cut by a time limit keeps what it measured; a shape cut by SIGINT keeps its repetitions done
+so far, each such record with ``error`` "cut after k of n timed repetitions". ``bench/kdtree_bench/analysis/merge_e2e.py`` folds the ``speed.json``
 files of runs into the committed record.
 
 ``--profile-shape BxP`` profiles one measured shape with SGLang's own profiler after its timed
@@ -460,6 +461,12 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     records: list[dict[str, Any]] = []
     profile: dict[str, Any] | None = None
 
+    def keep(shape_records: list[dict[str, Any]]) -> None:
+        for record in shape_records:
+            record.update(model=model_name, kv_dtype=kv_dtype)
+            print(RECORD_PREFIX + json.dumps(record), flush=True)
+            records.append(record)
+
     def write_result(complete: bool) -> dict[str, Any]:
         result = speed_result(args, config, draft, records, profile, servers, complete)
         result["gpu_memory_mib"] = gpu_memory
@@ -482,10 +489,13 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
                 prompts = random_prompts(
                     batch, prompt_len, config["vocab_size"], prompt_len + batch, avoid
                 )
-                for record in measure_shape(servers, configs, args, prompts, index):
-                    record.update(model=model_name, kv_dtype=kv_dtype)
-                    print(RECORD_PREFIX + json.dumps(record), flush=True)
-                    records.append(record)
+                try:
+                    shape_records = measure_shape(servers, configs, args, prompts, index)
+                except MeasurementCut as cut:
+                    keep(cut.records)
+                    write_result(complete=False)
+                    raise
+                keep(shape_records)
                 if args.profile_shape == (prompt_len, batch):
                     profile = profile_shape(servers, configs, args, prompts)
                 # What is measured so far, in case the run is cut (a device command's limit).
@@ -589,6 +599,14 @@ def measurement_plan(names: list[str], shape: int, repeats: int) -> list[tuple[s
     return plan
 
 
+class MeasurementCut(KeyboardInterrupt):
+    """SIGINT (the run's time limit) during a shape: ``records`` keep what it measured."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        super().__init__("measurement cut")
+        self.records = records
+
+
 def measure_shape(
     servers: dict[str, SGLangServer],
     configs: list[Configuration],
@@ -597,27 +615,36 @@ def measure_shape(
     shape: int,
 ) -> list[dict[str, Any]]:
     """Run ``measurement_plan`` for these prompts; one record per configuration. A server whose
-    call fails is left out of the rest of the shape, its record keeping what it measured."""
+    call fails is left out of the rest of the shape, its record keeping what it measured. Cut
+    by SIGINT, it raises ``MeasurementCut`` with the records of the repetitions done, so a long
+    shape's first mode survives a limit that falls during its second."""
     batch, prompt_len = len(prompts), len(prompts[0])
     names = [c.name for c in configs]
     warm: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     positions: dict[str, list[int]] = {n: [] for n in names}
-    for phase, repeat, name in measurement_plan(names, shape, args.repeats):
-        if name in errors:
-            continue
-        server = servers[f"speed_{name}"]
-        try:
-            if phase == "warmup":
-                warm[name] = warm_up(server, prompts, args.warmup_tokens, args.request_timeout)
-            else:
-                samples[name].append(
-                    measure(server, prompts, args.new_tokens, args.request_timeout)
-                )
-                positions[name].append(mode_order(names, shape, repeat).index(name))
-        except (RuntimeError, OSError) as error:
-            errors[name] = f"{phase} {repeat}: {error}" if phase == "timed" else str(error)
+    cut = False
+    try:
+        for phase, repeat, name in measurement_plan(names, shape, args.repeats):
+            if name in errors:
+                continue
+            server = servers[f"speed_{name}"]
+            try:
+                if phase == "warmup":
+                    warm[name] = warm_up(server, prompts, args.warmup_tokens, args.request_timeout)
+                else:
+                    samples[name].append(
+                        measure(server, prompts, args.new_tokens, args.request_timeout)
+                    )
+                    positions[name].append(mode_order(names, shape, repeat).index(name))
+            except (RuntimeError, OSError) as error:
+                errors[name] = f"{phase} {repeat}: {error}" if phase == "timed" else str(error)
+    except KeyboardInterrupt:
+        cut = True
+        for name in names:
+            if len(samples[name]) < args.repeats and name not in errors:
+                errors[name] = f"cut after {len(samples[name])} of {args.repeats} timed repetitions"
     records = []
     for config in configs:
         server = servers[f"speed_{config.name}"]
@@ -641,6 +668,8 @@ def measure_shape(
             log=server.log_path.name,
         )
         records.append(record)
+    if cut:
+        raise MeasurementCut(records)
     return records
 
 
