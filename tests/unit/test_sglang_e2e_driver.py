@@ -772,8 +772,8 @@ def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_ord
 
 def test_a_shape_cut_by_sigint_keeps_the_repetitions_measured(tmp_path) -> None:
     """SIGINT (the device command's limit, ``timeout -s INT``) while the second repetition of a
-    shape runs: speed.json keeps each server's first repetition, marked cut and incomplete, and
-    every server stops."""
+    shape runs, to a run started with SIGINT ignored: speed.json keeps each server's first
+    repetition, marked cut and incomplete, and every server stops."""
     import json
     import signal
     import subprocess
@@ -806,13 +806,19 @@ def test_a_shape_cut_by_sigint_keeps_the_repetitions_measured(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # As a background job of a non-interactive shell starts it: SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
-    deadline = time.monotonic() + 60
-    while not (calls.exists() and len(calls.read_text().splitlines()) == 7):
-        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
-        time.sleep(0.05)
-    run.send_signal(signal.SIGINT)
-    log, _ = run.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while not (calls.exists() and len(calls.read_text().splitlines()) == 7):
+            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+            time.sleep(0.05)
+        run.send_signal(signal.SIGINT)
+        log, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
     assert run.returncode != 0, log
     speed = json.loads((out / "speed.json").read_text())
     assert speed["complete"] is False

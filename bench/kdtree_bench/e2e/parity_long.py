@@ -41,6 +41,7 @@ from kdtree_bench.e2e.parity_resolution import (
     kv_splits_floor,
     one_after_another,
 )
+from kdtree_bench.e2e.sglang_servers import sigint_interrupts
 from kdtree_inference.faults import ENV_VAR, parse_fault
 from kdtree_parity.corpus import load_corpus
 from kdtree_parity.long_corpus import long_corpus_jsonl, tokenizer_encoder
@@ -183,4 +184,5 @@ def markdown(table: dict) -> str:
 
 
 if __name__ == "__main__":
+    sigint_interrupts()
     sys.exit(main())

@@ -46,6 +46,7 @@ from kdtree_bench.e2e.sglang_servers import (
     PRESET_MEM_FRACTION,
     ServerSpec,
     SGLangServer,
+    sigint_interrupts,
     start_all,
     stop_all,
 )
@@ -615,4 +616,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sigint_interrupts()
     sys.exit(main())

@@ -82,6 +82,7 @@ from kdtree_bench.e2e.sglang_servers import (
     SGLangServer,
     kv_pool_cap,
     kv_tokens_needed,
+    sigint_interrupts,
     start_all,
     stop_all,
 )
@@ -883,4 +884,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sigint_interrupts()
     sys.exit(main())

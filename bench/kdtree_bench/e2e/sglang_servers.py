@@ -97,6 +97,14 @@ KV_DTYPES = {"bfloat16": (), "fp8_e4m3": ("--kv-cache-dtype", "fp8_e4m3")}
 DFLASH_BLOCK_SIZE = 16
 
 
+def sigint_interrupts() -> None:
+    """Make SIGINT raise KeyboardInterrupt in this process even if it started with SIGINT ignored
+    (a background job of a non-interactive shell inherits that, and Python then installs no
+    handler): the device scripts stop a run with ``timeout -s INT`` so that its servers stop
+    and what it measured is written. Call it once, from a command's entry point."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class ServerFailed(RuntimeError):
     """A server exited, or did not become healthy, before it was ready."""
 
