@@ -58,7 +58,8 @@
 # at which --mem-fraction: the second table of docs/development.md's memory plan);
 # SPEED_DRAFT_ATTENTION (dflash, ddtree) sets the draft model's attention backend (SGLang's
 # --speculative-draft-attention-backend, e.g. fa3 or flashinfer); records name it (draft_attention);
-# SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps the shapes measured so far.
+# SPEED_TIMEOUT (seconds, default 500) cuts the measurement and keeps what it measured so far
+# (a shape cut midway keeps its repetitions done, marked cut).
 # SGLANG_GPU_FLASHINFER=1 adds FlashInfer to the payload (.sglsite/flashinfer.tar.xz from
 # bench/flashinfer_payload.sh), for SGLang arguments that name it.
 # The deployment grid, one configuration family per command (add --kv-dtype fp8 for the fp8 KV;
@@ -166,7 +167,8 @@ run_phase() {
         >"$OUT/speed/gpu_clocks.csv" 2>&1 &
       clocks=$!
       # SIGINT at SPEED_TIMEOUT: the servers stop, and speed.json keeps the shapes measured so
-      # far (rewritten after each), so the phase still archives within the device's 10 minutes.
+      # far (rewritten after each; the shape cut, its repetitions done), so the phase still
+      # archives within the device's 10 minutes.
       # shellcheck disable=SC2086
       timeout -s INT -k 30 "${SPEED_TIMEOUT:-500}" python3 -m kdtree_bench.e2e.sglang_e2e \
         --model "/tmp/models/$preset" --out "$OUT/speed" "${spec_args[@]}" ${SPEED_ARGS:-} 2>&1 \
