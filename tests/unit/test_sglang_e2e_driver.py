@@ -682,13 +682,9 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_order(
-    tmp_path, monkeypatch
-) -> None:
-    """Real kdtree-serve processes (``off``: ``on`` refuses a host without CUDA) with a stand-in
-    for SGLang's launcher that answers /generate:
-    one run serves DDTree at budgets 8 and 64 beside DFlash, warms every server up before any
-    timing, and writes a record per configuration whose server names its algorithm and budget."""
+def stand_in_ddtree_run(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A target and a DFlash draft (their configs only) and the environment under which
+    sglang_e2e starts STAND_IN_GENERATE instead of SGLang's launcher, logging calls to tmp_path."""
     import json
 
     model, draft = tmp_path / "rank", tmp_path / "rank-dflash"
@@ -698,9 +694,26 @@ def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_ord
     (draft / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 63}}))
     launcher = tmp_path / "launcher.py"
     launcher.write_text(STAND_IN_GENERATE)
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    monkeypatch.setenv("KDTREE_SGLANG_LAUNCHER", f"{sys.executable} {launcher}")
-    monkeypatch.setenv("STAND_IN_DIR", str(tmp_path))
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
+        "STAND_IN_DIR": str(tmp_path),
+    }
+    return model, draft, env
+
+
+def test_a_run_of_several_budgets_and_algorithms_measures_each_server_in_one_order(
+    tmp_path, monkeypatch
+) -> None:
+    """Real kdtree-serve processes (``off``: ``on`` refuses a host without CUDA) with a stand-in
+    for SGLang's launcher that answers /generate:
+    one run serves DDTree at budgets 8 and 64 beside DFlash, warms every server up before any
+    timing, and writes a record per configuration whose server names its algorithm and budget."""
+    import json
+
+    model, draft, stand_in_env = stand_in_ddtree_run(tmp_path)
+    for name, value in stand_in_env.items():
+        monkeypatch.setenv(name, value)
     out = tmp_path / "out"
     code = sglang_e2e.main(
         [
@@ -779,19 +792,11 @@ def test_a_shape_cut_by_sigint_keeps_the_repetitions_measured(tmp_path) -> None:
     import subprocess
     import time
 
-    model, draft = tmp_path / "rank", tmp_path / "rank-dflash"
-    model.mkdir()
-    draft.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))
-    (draft / "config.json").write_text(json.dumps({"dflash_config": {"mask_token_id": 63}}))
-    launcher = tmp_path / "launcher.py"
-    launcher.write_text(STAND_IN_GENERATE)
+    model, draft, stand_in_env = stand_in_ddtree_run(tmp_path)
     calls, out = tmp_path / "calls", tmp_path / "out"
     env = {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "KDTREE_SGLANG_LAUNCHER": f"{sys.executable} {launcher}",
-        "STAND_IN_DIR": str(tmp_path),
+        **stand_in_env,
         # Two warm-up calls per server, then one timed call each: the seventh call hangs.
         "STAND_IN_HANG_AT": "7",
     }
