@@ -534,7 +534,8 @@ def _await_ready(
 ) -> list[str]:
     """Look at every server of ``group`` in turn, once a second, until each answers or fails,
     so that each one's start time is its own, not when its turn to be waited for came. A failed
-    one is stopped and why is kept in ``failed``; returns their names."""
+    one is stopped and why is kept in ``failed``; returns their names in the group's order (the
+    order of the retries), whichever failed first."""
     waiting, failed_names = list(group), []
     while waiting:
         for server in list(waiting):
@@ -554,7 +555,7 @@ def _await_ready(
                 waiting.remove(server)
         if waiting:
             time.sleep(1.0)
-    return failed_names
+    return [server.spec.name for server in group if server.spec.name in failed_names]
 
 
 def stop_all(servers: dict[str, SGLangServer]) -> None:
