@@ -36,7 +36,8 @@ def servers(reference_server_module) -> dict[str, str]:
         "op": start(env={"KDTREE_VERIFY": "on"}),
         "perturbed": start(fault_layer=1, fault_scale=1.001),
         "kv_drop": start(env={"KDTREE_VERIFY": "on", "KDTREE_INJECT_FAULT": "kv_drop:32"}),
-        "slow": start(decode_step_delay=1.0),
+        "slow": start(decode_step_delay=0.3),
+        "slow_again": start(decode_step_delay=0.3),  # a slow twin in a process of its own
     }
 
 
@@ -165,9 +166,11 @@ def test_speed_is_the_sidecars_own_clock(servers, tmp_path: Path) -> None:
             servers["baseline"],
             boasting.url,
             "--replica",
-            servers["slow"],
+            servers["slow_again"],
         )
-        assert speed["outcome"] != "pass" and done.returncode != 0, speed
+        # The twin is trusted (another process, the baseline's numerics), so the speed rule
+        # itself judges: the twin's slowness may leave it undecided, never passing.
+        assert speed["test"] and speed["outcome"] != "pass" and done.returncode != 0, speed
     finally:
         for proxy in (boasting, silent, plain):
             proxy.close()

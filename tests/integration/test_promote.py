@@ -284,7 +284,7 @@ def test_failing_gate_tags_nothing_and_says_why(reference_server, stage) -> None
 def test_slower_candidate_is_not_promoted(reference_server, stage) -> None:
     """Correct but slow on purpose (a sleep after every decode step): the speed rule refuses it,
     and it is the only rule that does."""
-    sandbox = stage(_pair(reference_server, decode_step_delay=1.0))
+    sandbox = stage(_pair(reference_server, decode_step_delay=0.3))
     result = sandbox.promote("slow1")
     assert result.returncode != 0, result.stdout + result.stderr  # make's exit for a failed verb
     assert "NOT PROMOTED: the parity gate said fail" in result.stderr
