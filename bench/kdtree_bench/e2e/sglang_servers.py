@@ -536,7 +536,7 @@ def _await_ready(
     so that each one's start time is its own, not when its turn to be waited for came. A failed
     one is stopped and why is kept in ``failed``; returns their names in the group's order (the
     order of the retries), whichever failed first."""
-    waiting, failed_names = list(group), []
+    waiting = list(group)
     while waiting:
         for server in list(waiting):
             name = server.spec.name
@@ -547,7 +547,6 @@ def _await_ready(
                 failed[name] = str(error)
                 server.stop()
                 waiting.remove(server)
-                failed_names.append(name)
                 continue
             if took is not None:
                 print(f"[e2e] {name} ready after {took:.0f} s at {server.url}", flush=True)
@@ -555,7 +554,8 @@ def _await_ready(
                 waiting.remove(server)
         if waiting:
             time.sleep(1.0)
-    return [server.spec.name for server in group if server.spec.name in failed_names]
+    # Each server of the group has now either answered (its name left ``failed``) or failed.
+    return [server.spec.name for server in group if server.spec.name in failed]
 
 
 def stop_all(servers: dict[str, SGLangServer]) -> None:
